@@ -1,0 +1,1 @@
+"""Tidal's node agent: discovery, QoS resource manager, isolation and reporting."""

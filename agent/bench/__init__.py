@@ -1,0 +1,1 @@
+"""Benchmarks behind ``tidal bench ...``: JSON out, comparisons side by side in one run."""

@@ -1,0 +1,24 @@
+"""Typed errors. Each reaches the user as one clear line and a non-zero exit.
+
+Every error Tidal raises on bad input derives from ``TidalError`` so the CLI
+can turn it into ``tidal: error: <message>`` and exit code 2 without a
+traceback, while genuine bugs still surface with one.
+"""
+
+
+class TidalError(Exception):
+    """Base of every expected failure (bad input, odd hardware, bad state)."""
+
+    exit_code = 2
+
+
+class TopologyError(TidalError):
+    """The host tree cannot be read or makes no sense (names the file)."""
+
+
+class AdmissionError(TidalError):
+    """A request cannot be admitted (bad shape, does not fit, name in use)."""
+
+
+class StateError(TidalError):
+    """A checkpoint cannot be read or written."""

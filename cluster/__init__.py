@@ -1,0 +1,1 @@
+"""Tidal's cluster-side modules (scheduler extender, lending controller, simulator)."""
