@@ -60,6 +60,47 @@ def topology(root: str, as_json: bool) -> None:
 
 @main.command()
 @ROOT_OPTION
+@click.option("--reserved-cpus", default=None, metavar="LIST",
+              help="cpus of the system_cores pool, e.g. 0,8 (default: the first physical core).")
+@click.option("--reclaim-cpus", default=None, type=click.IntRange(min=0), metavar="N",
+              help="size of the reclaim pool (default: everything the shared pool does not need).")
+@click.option("--requests", "requests_file", required=True, type=click.File("r"),
+              help="JSON list of requests, processed in order ('-' for stdin).")
+@click.option("--json", "as_json", is_flag=True, help="JSON output.")
+def plan(root: str, reserved_cpus, reclaim_cpus, requests_file, as_json: bool) -> None:
+    """Dry run: how the QoS manager would place REQUESTS on the node at ROOT."""
+    from agent.qrm.plan import plan_report, render_plan, run_plan
+    from agent.qrm.policy import initial_state
+    from agent.qrm.requests import parse_requests
+    from agent.topology import HostFS, discover
+
+    topo = discover(HostFS(root))
+    reserved = parse_cpulist_option("--reserved-cpus", reserved_cpus)
+    requests = parse_requests(requests_file.read(), requests_file.name)
+    state = initial_state(topo, reserved, reclaim_cpus)
+    state, rejected = run_plan(topo, state, requests)
+    if as_json:
+        emit_json(plan_report(topo, state, rejected))
+    else:
+        click.echo(render_plan(topo, state, rejected))
+
+
+def parse_cpulist_option(option: str, value):
+    if value is None:
+        return None
+    from agent.topology.parse import parse_cpulist
+
+    try:
+        cpus = parse_cpulist(value)
+    except ValueError as exc:
+        raise TidalError(f"{option}: {exc}") from None
+    if not cpus:
+        raise TidalError(f"{option}: empty cpu list")
+    return cpus
+
+
+@main.command()
+@ROOT_OPTION
 @click.option("--socket", "socket_path", default="/run/tidal/tidal.sock", show_default=True,
               help="Unix socket of the local API.")
 @click.option("--state-dir", default="/var/lib/tidal", show_default=True, type=click.Path(file_okay=False),

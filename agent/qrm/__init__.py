@@ -1,0 +1,1 @@
+"""QoS resource manager: pure allocation policy and its crash-safe state."""

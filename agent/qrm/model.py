@@ -1,0 +1,131 @@
+"""The QoS resource manager's data: levels, requests, allocations, pools.
+
+QoS levels (ARCHITECTURE.md "The model"):
+
+* ``system_cores``: runs on the reserved pool; never handed to anyone else.
+* ``dedicated_cores``: exclusive cpus (whole physical cores when the count
+  allows), optionally NUMA-bound (cpus and memory of one node, or of the
+  fewest whole nodes when larger than one) and NUMA-exclusive.
+* ``shared_cores``: millicores served from the shared pool.
+* ``reclaimed_cores``: millicores served from the reclaim pool, revocable,
+  evicted by tier (``low`` first, then ``min``, then ``high``).
+
+Everything here is immutable; the policy returns new values.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Tuple, Union
+
+
+class QoS(str, enum.Enum):
+    SYSTEM = "system_cores"
+    DEDICATED = "dedicated_cores"
+    SHARED = "shared_cores"
+    RECLAIMED = "reclaimed_cores"
+
+
+class Tier(str, enum.Enum):
+    """Eviction tiers of reclaimed work; ``low`` is evicted first."""
+
+    HIGH = "high"
+    MIN = "min"
+    LOW = "low"
+
+
+EVICTION_ORDER = (Tier.LOW, Tier.MIN, Tier.HIGH)
+
+
+@dataclass(frozen=True)
+class Request:
+    """What a workload asks for (already validated by ``requests.parse_request``)."""
+
+    name: str
+    qos: QoS
+    cpus: int = 0  # dedicated: whole cpus
+    millicpu: int = 0  # shared / reclaimed (dedicated: cpus * 1000)
+    numa_binding: bool = False
+    numa_exclusive: bool = False
+    require_whole_cores: bool = False
+    reclaim_allowed: bool = False
+    tier: Tier = Tier.LOW
+    gpus: int = 0
+    nic: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """A request as admitted: what the state keeps for each workload.
+
+    ``cpus`` holds a dedicated workload's exclusive cpus; shared, reclaimed and
+    system workloads run on their pool's cpus, which the state derives
+    (``policy.pools``) rather than stores, so a pool resize never has to
+    rewrite every allocation. ``nodes`` are NUMA nodes taken whole (a
+    multi-node or ``numa_exclusive`` binding): nobody else's dedicated or
+    shared cpus may sit on them.
+    """
+
+    name: str
+    qos: QoS
+    millicpu: int
+    cpus: Tuple[int, ...] = ()
+    mems: Tuple[int, ...] = ()
+    nodes: Tuple[int, ...] = ()
+    gpus: Tuple[str, ...] = ()
+    numa_binding: bool = False
+    numa_exclusive: bool = False
+    reclaim_allowed: bool = False
+    tier: Tier = Tier.LOW
+
+    def to_dict(self) -> Dict[str, object]:
+        return {
+            "name": self.name, "qos": self.qos.value, "millicpu": self.millicpu, "cpus": list(self.cpus),
+            "mems": list(self.mems), "nodes": list(self.nodes), "gpus": list(self.gpus),
+            "numa_binding": self.numa_binding, "numa_exclusive": self.numa_exclusive,
+            "reclaim_allowed": self.reclaim_allowed, "tier": self.tier.value,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Dict[str, object]) -> "Allocation":
+        return cls(
+            name=str(data["name"]), qos=QoS(data["qos"]), millicpu=int(data["millicpu"]),
+            cpus=tuple(int(c) for c in data.get("cpus", ())), mems=tuple(int(m) for m in data.get("mems", ())),
+            nodes=tuple(int(n) for n in data.get("nodes", ())), gpus=tuple(str(g) for g in data.get("gpus", ())),
+            numa_binding=bool(data.get("numa_binding", False)), numa_exclusive=bool(data.get("numa_exclusive", False)),
+            reclaim_allowed=bool(data.get("reclaim_allowed", False)), tier=Tier(data.get("tier", "low")),
+        )
+
+
+@dataclass(frozen=True)
+class Rejection:
+    """A request that cannot be admitted now; ``reason`` is one clear line."""
+
+    name: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Pools:
+    """The node's cpus split by pool (disjoint; together every online cpu).
+
+    ``dedicated`` holds exclusive cpus; ``reclaimed`` is where reclaimed work
+    may run and includes the dedicated cpus of owners that allow it
+    (``lendable``), so it overlaps ``dedicated`` there; ``idle`` are cpus of
+    whole-node bindings that nobody uses and that the reclaim target left out.
+    """
+
+    reserved: Tuple[int, ...]
+    shared: Tuple[int, ...]
+    reclaimed: Tuple[int, ...]
+    dedicated: Tuple[int, ...]
+    idle: Tuple[int, ...] = ()
+    lendable: Tuple[int, ...] = ()
+
+    def to_dict(self) -> Dict[str, List[int]]:
+        return {"reserved": list(self.reserved), "shared": list(self.shared), "reclaimed": list(self.reclaimed),
+                "dedicated": list(self.dedicated)}
+
+
+Decision = Union[Allocation, Rejection]

@@ -1,0 +1,371 @@
+"""The QoS policy: ``allocate(topology, state, request) -> Allocation | Rejection``.
+
+Pure: no I/O, no clock, no globals; the same inputs give the same answer.
+
+Pools (derived from the state, never stored; see ``pools``):
+
+* reserved: ``state.reserved`` (system_cores; default the first physical core).
+* dedicated: the union of dedicated allocations' exclusive cpus.
+* held: cpus of NUMA nodes taken whole (``numa_exclusive`` or a binding
+  larger than one node) that their owner does not use: nobody else's
+  dedicated or shared work goes there; they may be lent to reclaimed work.
+* free = online - reserved - dedicated - held. The shared pool is ``free``
+  minus what is lent to reclaim, and never smaller than the shared requests
+  need (sum of millicpu, rounded up to whole cpus).
+* reclaimed: lent cpus, up to ``state.reclaim_cpus`` (``None``: as many as
+  possible). Lent first: held cpus and dedicated cpus whose owner allows it
+  (``reclaim_allowed``); then whole cores carved from the shared pool's
+  far end (highest NUMA node, highest core), so the carve grows and shrinks
+  at one edge and the rest of the shared pool stays put.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple
+
+from agent.errors import AdmissionError
+from agent.qrm.model import Allocation, Decision, Pools, QoS, Rejection, Request
+from agent.qrm.takeby import capacity, index, take_cpus
+from agent.topology import Topology
+from agent.topology.parse import format_cpulist
+
+POLICY = "tidal-qrm/v1"
+
+
+@dataclass(frozen=True)
+class State:
+    """What the node has handed out. Allocations keep admission order."""
+
+    reserved: Tuple[int, ...]
+    allocations: Tuple[Allocation, ...] = ()
+    reclaim_cpus: Optional[int] = None
+
+    def get(self, name: str) -> Optional[Allocation]:
+        for alloc in self.allocations:
+            if alloc.name == name:
+                return alloc
+        return None
+
+    def names(self) -> List[str]:
+        return [a.name for a in self.allocations]
+
+    def with_allocation(self, alloc: Allocation) -> "State":
+        return replace(self, allocations=self.allocations + (alloc,))
+
+    def without(self, name: str) -> "State":
+        return replace(self, allocations=tuple(a for a in self.allocations if a.name != name))
+
+    def with_reclaim_cpus(self, cpus: Optional[int]) -> "State":
+        return replace(self, reclaim_cpus=cpus)
+
+
+def default_reserved(topo: Topology) -> Tuple[int, ...]:
+    """The first physical core of the node, all its threads."""
+    return topo.cpus_in_core(topo.core_ids()[0])
+
+
+def initial_state(topo: Topology, reserved: Optional[Iterable[int]] = None,
+                  reclaim_cpus: Optional[int] = None) -> State:
+    """An empty state; ``reserved`` is checked against the online cpus."""
+    chosen = tuple(sorted(set(reserved))) if reserved is not None else default_reserved(topo)
+    online = set(topo.online_cpus())
+    missing = [c for c in chosen if c not in online]
+    if missing:
+        raise AdmissionError(f"reserved cpus {format_cpulist(missing)} are not online cpus of this node "
+                             f"(online: {format_cpulist(online)})")
+    if len(chosen) >= len(online):
+        raise AdmissionError(f"reserved cpus {format_cpulist(chosen)} leave no cpu for workloads")
+    if reclaim_cpus is not None and reclaim_cpus < 0:
+        raise AdmissionError(f"reclaim cpus must be >= 0, got {reclaim_cpus}")
+    return State(reserved=chosen, reclaim_cpus=reclaim_cpus)
+
+
+def _shared_need(allocations: Iterable[Allocation], extra_millicpu: int = 0) -> int:
+    total = extra_millicpu + sum(a.millicpu for a in allocations if a.qos is QoS.SHARED)
+    return -(-total // 1000)
+
+
+@dataclass(frozen=True)
+class _Layout:
+    reserved: Set[int]
+    dedicated: Set[int]
+    held: Set[int]
+    held_nodes: Set[int]
+    free: Set[int]
+    shared_need: int
+
+
+def _layout(topo: Topology, state: State) -> _Layout:
+    online = set(topo.online_cpus())
+    reserved = set(state.reserved) & online
+    dedicated: Set[int] = set()
+    held_nodes: Set[int] = set()
+    for alloc in state.allocations:
+        if alloc.qos is QoS.DEDICATED:
+            dedicated.update(alloc.cpus)
+            held_nodes.update(alloc.nodes)
+    held = {c for n in held_nodes for c in topo.cpus_in_numa(n)} - dedicated - reserved
+    free = online - reserved - dedicated - held
+    return _Layout(reserved, dedicated, held, held_nodes, free, _shared_need(state.allocations))
+
+
+def _carve_order(topo: Topology, cpus: Set[int]) -> List[int]:
+    """Cpus of ``cpus`` in the order the reclaim carve takes them: whole cores
+    from the far end (highest NUMA node, then highest core id)."""
+    idx = index(topo)
+    cores = sorted({topo.cpu(c).core for c in cpus},
+                   key=lambda core: (-1 if idx.core_numa[core] is None else idx.core_numa[core], core), reverse=True)
+    return [c for core in cores for c in idx.core_cpus[core] if c in cpus]
+
+
+def pools(topo: Topology, state: State) -> Pools:
+    lay = _layout(topo, state)
+    lendable = set(lay.held)
+    for alloc in state.allocations:
+        if alloc.qos is QoS.DEDICATED and alloc.reclaim_allowed:
+            lendable.update(alloc.cpus)
+    target = state.reclaim_cpus
+    carvable = max(0, len(lay.free) - lay.shared_need)
+    lend_order = sorted(lendable)
+    if target is None:
+        lent = set(lend_order)
+        carve = carvable
+    else:
+        lent = set(lend_order[:target])
+        carve = min(carvable, max(0, target - len(lent)))
+    order = _carve_order(topo, lay.free)
+    # carve whole cores only: stop before a core that would be split
+    carved: List[int] = []
+    idx = index(topo)
+    position = 0
+    while position < len(order) and len(carved) < carve:
+        core = topo.cpu(order[position]).core
+        members = [c for c in idx.core_cpus[core] if c in lay.free]
+        if len(carved) + len(members) > carve:
+            break
+        carved.extend(members)
+        position += len(members)
+    reclaimed = lent | set(carved)
+    shared = lay.free - set(carved)
+    return Pools(
+        reserved=tuple(sorted(lay.reserved)), shared=tuple(sorted(shared)), reclaimed=tuple(sorted(reclaimed)),
+        dedicated=tuple(sorted(lay.dedicated)), idle=tuple(sorted(lay.held - lent)),
+        lendable=tuple(sorted(lendable)))
+
+
+def _all_mems(topo: Topology) -> Tuple[int, ...]:
+    return tuple(n.id for n in topo.numa_nodes if n.memory_bytes != 0)
+
+
+def _gpus_by_node(topo: Topology, state: State) -> Dict[Optional[int], List[str]]:
+    used = {g for a in state.allocations for g in a.gpus}
+    free: Dict[Optional[int], List[str]] = {}
+    for gpu in topo.gpus:
+        if gpu.pci not in used:
+            free.setdefault(gpu.numa, []).append(gpu.pci)
+    return free
+
+
+def allocate(topo: Topology, state: State, request: Request) -> Decision:
+    """Admit ``request`` against ``state``; the caller adds the result to the state.
+
+    1. Reject a name in use and sizes no node state could ever satisfy.
+    2. system_cores: admitted onto the reserved pool.
+    3. shared_cores: admitted if the shared pool can grow to the new need
+       (shrinking what is lent to reclaim).
+    4. reclaimed_cores: admitted if the reclaim pool has the millicpu free.
+    5. dedicated_cores: ``_dedicated`` picks the cpus (and nodes, GPUs).
+    """
+    if state.get(request.name) is not None:
+        return Rejection(request.name, f"name {request.name!r} is already in use")
+    online = topo.online_cpus()
+    if request.qos is QoS.SYSTEM:
+        return Allocation(name=request.name, qos=QoS.SYSTEM, millicpu=request.millicpu, mems=_all_mems(topo))
+    lay = _layout(topo, state)
+    usable = len(online) - len(lay.reserved)
+    if request.qos is QoS.SHARED:
+        need = _shared_need(state.allocations, request.millicpu)
+        if need > usable:
+            return Rejection(request.name, f"asks {request.millicpu} millicpu; the node has {usable} cpus "
+                                           f"outside the reserved pool")
+        if need > len(lay.free):
+            return Rejection(request.name, f"shared pool would need {need} cpus; only {len(lay.free)} are not "
+                                           f"reserved, dedicated or held by NUMA-exclusive workloads")
+        return Allocation(name=request.name, qos=QoS.SHARED, millicpu=request.millicpu, mems=_all_mems(topo))
+    if request.qos is QoS.RECLAIMED:
+        pool = pools(topo, state)
+        capacity_m = len(pool.reclaimed) * 1000
+        used_m = sum(a.millicpu for a in state.allocations if a.qos is QoS.RECLAIMED)
+        if used_m + request.millicpu > capacity_m:
+            return Rejection(request.name, f"reclaim pool has {capacity_m - used_m} of {capacity_m} millicpu "
+                                           f"free; asked {request.millicpu}")
+        return Allocation(name=request.name, qos=QoS.RECLAIMED, millicpu=request.millicpu, tier=request.tier,
+                          mems=_all_mems(topo))
+    return _dedicated(topo, state, lay, request)
+
+
+def _dedicated(topo: Topology, state: State, lay: _Layout, request: Request) -> Decision:
+    """Exclusive cpus for a dedicated request.
+
+    1. Sizes: more cpus than the node has outside the reserved pool is never
+       possible; ``require_whole_cores`` needs a multiple of threads per core.
+    2. Whole cores are promised when the count is a multiple of the threads
+       per core and enough fully free cores exist; otherwise threads.
+    3. NUMA binding within one node: candidate nodes not held by others, with
+       the capacity (and free GPUs when asked); best fit (least capacity),
+       then the lowest id. ``numa_exclusive`` also needs the node free of
+       other dedicated cpus, and holds it.
+    4. Binding larger than the biggest node: the fewest whole free nodes
+       (closest together by NUMA distance), all held.
+    5. No binding: ``take_cpus`` over the free cpus, preferring the NUMA node
+       of the requested GPUs or NIC.
+    6. In every case the shared pool must keep the cpus its requests need.
+    """
+    name, count = request.name, request.cpus
+    tpc = topo.threads_per_core
+    usable = len(topo.online_cpus()) - len(lay.reserved)
+    if count > usable:
+        return Rejection(name, f"asks {count} cpus; the node has {usable} cpus outside the reserved pool")
+    if request.require_whole_cores and count % tpc:
+        return Rejection(name, f"asks {count} cpus with require_whole_cores; cores here have {tpc} threads")
+    spare = len(lay.free) - lay.shared_need
+    if count > spare:
+        return Rejection(name, f"asks {count} cpus; {spare} are free (the shared pool keeps {lay.shared_need})")
+    idx = index(topo)
+    whole_first = count % tpc == 0
+    free_gpus = _gpus_by_node(topo, state)
+
+    def pick(free: Set[int], prefer: Sequence[int] = ()) -> Optional[Tuple[int, ...]]:
+        if whole_first:
+            got = take_cpus(topo, free, count, whole_cores=True, prefer_numa=prefer)
+            if got is not None or request.require_whole_cores:
+                return got
+        return take_cpus(topo, free, count, whole_cores=False, prefer_numa=prefer)
+
+    def gpus_on(nodes: Iterable[int]) -> Optional[Tuple[str, ...]]:
+        if not request.gpus:
+            return ()
+        have = [g for n in nodes for g in free_gpus.get(n, [])]
+        return tuple(sorted(have)[: request.gpus]) if len(have) >= request.gpus else None
+
+    if request.numa_binding:
+        largest = max((len(topo.cpus_in_numa(n)) for n in topo.numa_ids()), default=0)
+        if count <= largest:
+            candidates = []
+            for node in topo.numa_ids():
+                cpus = set(topo.cpus_in_numa(node))
+                if not cpus or node in lay.held_nodes:
+                    continue
+                if request.numa_exclusive and cpus & lay.dedicated:
+                    continue
+                node_free = cpus & lay.free
+                cap = capacity(idx, idx.numa_cores.get(node, ()), node_free, whole_first and request.require_whole_cores)
+                if cap < count or gpus_on((node,)) is None:
+                    continue
+                if request.numa_exclusive and len(lay.free - cpus) < lay.shared_need:
+                    continue
+                whole_cap = capacity(idx, idx.numa_cores.get(node, ()), node_free, True)
+                candidates.append((not (whole_first and whole_cap >= count), cap, node))
+            if not candidates:
+                why = " exclusively" if request.numa_exclusive else ""
+                return Rejection(name, f"no NUMA node can hold {count} cpus{why}"
+                                       + (f" with {request.gpus} GPUs" if request.gpus else "")
+                                       + " now")
+            node = min(candidates)[2]
+            cpus = pick(set(topo.cpus_in_numa(node)) & lay.free)
+            if cpus is None:
+                return Rejection(name, f"NUMA node {node} cannot give {count} whole cores")
+            return Allocation(name=name, qos=QoS.DEDICATED, millicpu=count * 1000, cpus=cpus, mems=(node,),
+                              nodes=(node,) if request.numa_exclusive else (), gpus=gpus_on((node,)) or (),
+                              numa_binding=True, numa_exclusive=request.numa_exclusive,
+                              reclaim_allowed=request.reclaim_allowed)
+        return _multi_node(topo, state, lay, request, pick, gpus_on)
+
+    prefer: List[int] = []
+    if request.gpus:
+        nodes = sorted(free_gpus, key=lambda n: (-len(free_gpus[n]), -1 if n is None else n))
+        fitting = [n for n in nodes if n is not None and len(free_gpus[n]) >= request.gpus]
+        if fitting:
+            prefer = [fitting[0]]
+        elif sum(len(v) for v in free_gpus.values()) < request.gpus:
+            return Rejection(name, f"asks {request.gpus} GPUs; {sum(len(v) for v in free_gpus.values())} are free")
+        else:
+            prefer = [n for n in nodes if n is not None]
+    if request.nic:
+        nic = next((n for n in topo.nics if n.name == request.nic), None)
+        if nic is None:
+            return Rejection(name, f"no NIC named {request.nic!r} on this node")
+        if nic.numa is not None and nic.numa not in prefer:
+            prefer.append(nic.numa)
+    cpus = pick(lay.free, prefer)
+    if cpus is None:
+        return Rejection(name, f"cannot find {count} whole cores" if request.require_whole_cores
+                         else f"cannot find {count} free cpus")
+    nodes_used = sorted({topo.cpu(c).numa for c in cpus if topo.cpu(c).numa is not None})
+    gpus: Tuple[str, ...] = ()
+    if request.gpus:
+        ordered = [g for n in (prefer + [n for n in free_gpus if n not in prefer]) for g in free_gpus.get(n, [])]
+        gpus = tuple(sorted(ordered[: request.gpus]))
+    return Allocation(name=name, qos=QoS.DEDICATED, millicpu=count * 1000, cpus=cpus, mems=_all_mems(topo),
+                      gpus=gpus, reclaim_allowed=request.reclaim_allowed)
+
+
+def _multi_node(topo: Topology, state: State, lay: _Layout, request: Request, pick, gpus_on) -> Decision:
+    """Step 4 of ``_dedicated``: the fewest whole free nodes, closest together."""
+    import itertools
+
+    name, count = request.name, request.cpus
+    whole_nodes = []
+    for node in topo.numa_ids():
+        cpus = set(topo.cpus_in_numa(node))
+        if cpus and node not in lay.held_nodes and not (cpus & lay.dedicated):
+            whole_nodes.append((node, len(cpus & lay.free)))
+    sizes = sorted((size for _, size in whole_nodes), reverse=True)
+    k, total = 0, 0
+    while k < len(sizes) and total < count:
+        total += sizes[k]
+        k += 1
+    if total < count:
+        return Rejection(name, f"asks {count} NUMA-bound cpus; the whole free NUMA nodes hold {total}")
+    best = None
+    combos = itertools.combinations(sorted(whole_nodes), k)
+    for combo in itertools.islice(combos, 20000):
+        nodes = [n for n, _ in combo]
+        cap = sum(size for _, size in combo)
+        if cap < count or gpus_on(nodes) is None:
+            continue
+        node_cpus = {c for n in nodes for c in topo.cpus_in_numa(n)}
+        if len(lay.free - node_cpus) < lay.shared_need:
+            continue
+        spread = sum(topo.distance(a, b) or 0 for a in nodes for b in nodes)
+        key = (spread, cap, nodes)
+        if best is None or key < best:
+            best = key
+    if best is None:
+        return Rejection(name, f"no set of {k} whole NUMA nodes can hold {count} cpus now")
+    nodes = best[2]
+    cpus = pick({c for n in nodes for c in topo.cpus_in_numa(n)} & lay.free)
+    if cpus is None:
+        return Rejection(name, f"NUMA nodes {format_cpulist(nodes)} cannot give {count} cpus")
+    return Allocation(name=name, qos=QoS.DEDICATED, millicpu=count * 1000, cpus=cpus, mems=tuple(nodes),
+                      nodes=tuple(nodes), gpus=gpus_on(nodes) or (), numa_binding=True,
+                      numa_exclusive=request.numa_exclusive, reclaim_allowed=request.reclaim_allowed)
+
+
+def release(state: State, name: str) -> State:
+    if state.get(name) is None:
+        raise AdmissionError(f"no workload named {name!r}")
+    return state.without(name)
+
+
+def effective_cpus(topo: Topology, state: State, alloc: Allocation, pool: Optional[Pools] = None) -> Tuple[int, ...]:
+    """The cpus a workload runs on now: its own (dedicated) or its pool's."""
+    if alloc.qos is QoS.DEDICATED:
+        return alloc.cpus
+    pool = pool or pools(topo, state)
+    if alloc.qos is QoS.SYSTEM:
+        return pool.reserved
+    if alloc.qos is QoS.SHARED:
+        return pool.shared
+    return pool.reclaimed

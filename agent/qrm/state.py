@@ -1,0 +1,220 @@
+"""The QRM checkpoint: versioned, checksummed JSON written atomically.
+
+File format (one JSON object)::
+
+    {"version": 1, "policy": "tidal-qrm/v1", "topology": "<fingerprint>",
+     "checksum": "sha256:<hex of the canonical JSON of data>",
+     "data": {"reserved": [0, 8], "reclaim_cpus": null, "allocations": [...]}}
+
+Writing (``CheckpointStore.save``): temp file in the same directory, write,
+fsync, rename over the checkpoint, fsync the directory. A crash at any point
+leaves either the old file or the new one; never a torn mix.
+
+Loading (``CheckpointStore.load``) never refuses to start (the kubelet's
+"drain the node and delete the file" is what operators hate most):
+
+* missing: an empty state (first start);
+* unreadable, not JSON, bad checksum, unknown version, another policy: the
+  file is kept as ``<name>.bad-<n>``, one warning, and the state is rebuilt by
+  ``recover`` (the isolation layer can read it back from the cgroups) or
+  starts empty;
+* another topology (a cpu went offline, a node changed): allocations that
+  still make sense (their cpus online, no overlaps, reserved still online)
+  are kept, the others dropped, one warning naming them; the old file is
+  kept as ``.bad-<n>`` too.
+
+One owner writes (the agent's reconcile loop); readers take ``current``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import threading
+from dataclasses import dataclass
+from typing import Callable, List, Optional, Tuple
+
+from agent.errors import StateError
+from agent.qrm.model import Allocation, QoS
+from agent.qrm.policy import POLICY, State, initial_state
+from agent.topology import Topology
+from agent.topology.parse import format_cpulist
+
+log = logging.getLogger("tidal.state")
+
+VERSION = 1
+
+
+def topology_fingerprint(topo: Topology) -> str:
+    """What allocations depend on: online cpus and their cores and NUMA nodes."""
+    parts = [format_cpulist(topo.online_cpus())]
+    parts += [f"c{core}:{format_cpulist(topo.cpus_in_core(core))}" for core in topo.core_ids()]
+    parts += [f"n{n.id}:{format_cpulist(n.cpus)}" for n in topo.numa_nodes]
+    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
+
+
+def state_to_data(state: State) -> dict:
+    return {"reserved": list(state.reserved), "reclaim_cpus": state.reclaim_cpus,
+            "allocations": [a.to_dict() for a in state.allocations]}
+
+
+def state_from_data(data: dict) -> State:
+    return State(reserved=tuple(int(c) for c in data["reserved"]),
+                 reclaim_cpus=None if data.get("reclaim_cpus") is None else int(data["reclaim_cpus"]),
+                 allocations=tuple(Allocation.from_dict(a) for a in data["allocations"]))
+
+
+def _canonical(data: dict) -> bytes:
+    return json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
+
+
+def encode(state: State, topo: Topology) -> bytes:
+    data = state_to_data(state)
+    doc = {"version": VERSION, "policy": POLICY, "topology": topology_fingerprint(topo),
+           "checksum": "sha256:" + hashlib.sha256(_canonical(data)).hexdigest(), "data": data}
+    return json.dumps(doc, separators=(",", ":")).encode() + b"\n"
+
+
+class CorruptCheckpoint(ValueError):
+    pass
+
+
+def decode(raw: bytes) -> Tuple[State, str]:
+    """``(state, topology fingerprint)``; ``CorruptCheckpoint`` with the reason otherwise."""
+    try:
+        doc = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise CorruptCheckpoint(f"not JSON ({exc})") from None
+    if not isinstance(doc, dict):
+        raise CorruptCheckpoint("not a JSON object")
+    if doc.get("version") != VERSION:
+        raise CorruptCheckpoint(f"version {doc.get('version')!r}, this agent reads {VERSION}")
+    if doc.get("policy") != POLICY:
+        raise CorruptCheckpoint(f"written by policy {doc.get('policy')!r}, this agent runs {POLICY}")
+    data = doc.get("data")
+    if not isinstance(data, dict):
+        raise CorruptCheckpoint("no data")
+    checksum = "sha256:" + hashlib.sha256(_canonical(data)).hexdigest()
+    if doc.get("checksum") != checksum:
+        raise CorruptCheckpoint("checksum mismatch")
+    try:
+        return state_from_data(data), str(doc.get("topology", ""))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CorruptCheckpoint(f"malformed data ({exc})") from None
+
+
+def salvage(state: State, topo: Topology) -> Tuple[State, List[str]]:
+    """Keep the allocations that still make sense on ``topo``; name the dropped ones."""
+    online = set(topo.online_cpus())
+    reserved = tuple(c for c in state.reserved if c in online)
+    if not reserved or len(reserved) != len(state.reserved):
+        base = initial_state(topo, reserved or None, state.reclaim_cpus)
+    else:
+        base = State(reserved=reserved, reclaim_cpus=state.reclaim_cpus)
+    kept: List[Allocation] = []
+    dropped: List[str] = []
+    taken = set(base.reserved)
+    numa_ids = set(topo.numa_ids())
+    for alloc in state.allocations:
+        cpus = set(alloc.cpus)
+        ok = cpus <= online and not (cpus & taken) and set(alloc.mems) <= numa_ids and set(alloc.nodes) <= numa_ids
+        if alloc.qos is QoS.DEDICATED and alloc.numa_binding and ok:
+            ok = all(topo.cpu(c).numa in alloc.mems for c in cpus)
+        if ok:
+            kept.append(alloc)
+            taken |= cpus
+        else:
+            dropped.append(alloc.name)
+    return State(reserved=base.reserved, reclaim_cpus=base.reclaim_cpus, allocations=tuple(kept)), dropped
+
+
+@dataclass(frozen=True)
+class LoadResult:
+    state: State
+    warnings: Tuple[str, ...]
+    source: str  # "checkpoint", "salvaged", "recovered", "empty"
+
+
+class CheckpointStore:
+    """Reads and atomically writes the checkpoint at ``path``."""
+
+    def __init__(self, path: str) -> None:
+        self.path = os.path.abspath(path)
+        self._lock = threading.Lock()
+        self._current: Optional[State] = None
+
+    @property
+    def current(self) -> Optional[State]:
+        return self._current
+
+    def _keep_bad_copy(self) -> str:
+        n = 0
+        while os.path.exists(f"{self.path}.bad-{n}"):
+            n += 1
+        target = f"{self.path}.bad-{n}"
+        os.replace(self.path, target)
+        return target
+
+    def load(self, topo: Topology, *, reserved=None,
+             recover: Optional[Callable[[Topology], Optional[State]]] = None) -> LoadResult:
+        """Load, salvage or recover the state (see module docstring). Never raises for bad content."""
+        try:
+            with open(self.path, "rb") as handle:
+                raw = handle.read()
+        except FileNotFoundError:
+            state = initial_state(topo, reserved)
+            self._current = state
+            return LoadResult(state, (), "empty")
+        except OSError as exc:
+            raise StateError(f"{self.path}: cannot read checkpoint: {exc.strerror or exc}") from None
+        try:
+            state, fingerprint = decode(raw)
+        except CorruptCheckpoint as exc:
+            kept = self._keep_bad_copy()
+            recovered = recover(topo) if recover else None
+            state = recovered if recovered is not None else initial_state(topo, reserved)
+            how = "rebuilt from the kernel" if recovered is not None else "starting empty"
+            warning = f"checkpoint {self.path} unusable ({exc}); kept as {kept}; {how}"
+            log.warning(warning)
+            self._current = state
+            return LoadResult(state, (warning,), "recovered" if recovered is not None else "empty")
+        if fingerprint != topology_fingerprint(topo):
+            salvaged, dropped = salvage(state, topo)
+            kept = self._keep_bad_copy()
+            warning = (f"checkpoint {self.path} was written for another topology; kept as {kept}; "
+                       f"kept {len(salvaged.allocations)} allocations"
+                       + (f", dropped {', '.join(dropped)}" if dropped else ""))
+            log.warning(warning)
+            self._current = salvaged
+            return LoadResult(salvaged, (warning,), "salvaged")
+        self._current = state
+        return LoadResult(state, (), "checkpoint")
+
+    def save(self, state: State, topo: Topology) -> None:
+        """Atomically replace the checkpoint with ``state``."""
+        payload = encode(state, topo)
+        directory = os.path.dirname(self.path) or "."
+        with self._lock:
+            try:
+                os.makedirs(directory, exist_ok=True)
+                tmp = f"{self.path}.tmp-{os.getpid()}-{threading.get_ident()}"
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+                try:
+                    view = memoryview(payload)
+                    while view:
+                        written = os.write(fd, view)
+                        view = view[written:]
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+                os.replace(tmp, self.path)
+                dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+                try:
+                    os.fsync(dir_fd)
+                finally:
+                    os.close(dir_fd)
+            except OSError as exc:
+                raise StateError(f"{self.path}: cannot write checkpoint: {exc.strerror or exc}") from None
+            self._current = state
