@@ -61,8 +61,14 @@ class State:
 
 
 def default_reserved(topo: Topology) -> Tuple[int, ...]:
-    """The first physical core of the node, all its threads."""
-    return topo.cpus_in_core(topo.core_ids()[0])
+    """The first physical core of the node, all its threads; on a node of one
+    core, its first thread; on a node of one cpu, nothing (system work then
+    shares the shared pool)."""
+    online = topo.online_cpus()
+    first_core = topo.cpus_in_core(topo.core_ids()[0])
+    if len(first_core) < len(online):
+        return first_core
+    return first_core[:1] if len(online) > 1 else ()
 
 
 def initial_state(topo: Topology, reserved: Optional[Iterable[int]] = None,
@@ -283,15 +289,17 @@ def _dedicated(topo: Topology, state: State, lay: _Layout, request: Request) -> 
         return _multi_node(topo, state, lay, request, pick, gpus_on)
 
     prefer: List[int] = []
+    gpus: Tuple[str, ...] = ()
     if request.gpus:
-        nodes = sorted(free_gpus, key=lambda n: (-len(free_gpus[n]), -1 if n is None else n))
-        fitting = [n for n in nodes if n is not None and len(free_gpus[n]) >= request.gpus]
-        if fitting:
-            prefer = [fitting[0]]
-        elif sum(len(v) for v in free_gpus.values()) < request.gpus:
-            return Rejection(name, f"asks {request.gpus} GPUs; {sum(len(v) for v in free_gpus.values())} are free")
-        else:
-            prefer = [n for n in nodes if n is not None]
+        # GPUs from the nodes with the most free GPUs (one node if it can), then cpus near them
+        nodes = sorted(free_gpus, key=lambda n: (len(free_gpus[n]) < request.gpus, -len(free_gpus[n]),
+                                                 -1 if n is None else n))
+        ordered = [g for n in nodes for g in free_gpus[n]]
+        if len(ordered) < request.gpus:
+            return Rejection(name, f"asks {request.gpus} GPUs; {len(ordered)} are free")
+        gpus = tuple(sorted(ordered[: request.gpus]))
+        gpu_numa = {g.pci: g.numa for g in topo.gpus}
+        prefer = sorted({gpu_numa[g] for g in gpus if gpu_numa[g] is not None})
     if request.nic:
         nic = next((n for n in topo.nics if n.name == request.nic), None)
         if nic is None:
@@ -302,11 +310,6 @@ def _dedicated(topo: Topology, state: State, lay: _Layout, request: Request) -> 
     if cpus is None:
         return Rejection(name, f"cannot find {count} whole cores" if request.require_whole_cores
                          else f"cannot find {count} free cpus")
-    nodes_used = sorted({topo.cpu(c).numa for c in cpus if topo.cpu(c).numa is not None})
-    gpus: Tuple[str, ...] = ()
-    if request.gpus:
-        ordered = [g for n in (prefer + [n for n in free_gpus if n not in prefer]) for g in free_gpus.get(n, [])]
-        gpus = tuple(sorted(ordered[: request.gpus]))
     return Allocation(name=name, qos=QoS.DEDICATED, millicpu=count * 1000, cpus=cpus, mems=_all_mems(topo),
                       gpus=gpus, reclaim_allowed=request.reclaim_allowed)
 
@@ -365,7 +368,7 @@ def effective_cpus(topo: Topology, state: State, alloc: Allocation, pool: Option
         return alloc.cpus
     pool = pool or pools(topo, state)
     if alloc.qos is QoS.SYSTEM:
-        return pool.reserved
+        return pool.reserved or pool.shared
     if alloc.qos is QoS.SHARED:
         return pool.shared
     return pool.reclaimed

@@ -149,6 +149,21 @@ class CheckpointStore:
     def current(self) -> Optional[State]:
         return self._current
 
+    def _remove_stale_temp_files(self) -> None:
+        """Temp files of a writer that died before its rename hold nothing the
+        checkpoint lacks (the rename is the commit point)."""
+        directory, base = os.path.split(self.path)
+        try:
+            names = os.listdir(directory or ".")
+        except OSError:
+            return
+        for name in names:
+            if name.startswith(base + ".tmp-"):
+                try:
+                    os.unlink(os.path.join(directory, name))
+                except OSError:
+                    pass
+
     def _keep_bad_copy(self) -> str:
         n = 0
         while os.path.exists(f"{self.path}.bad-{n}"):
@@ -160,6 +175,7 @@ class CheckpointStore:
     def load(self, topo: Topology, *, reserved=None,
              recover: Optional[Callable[[Topology], Optional[State]]] = None) -> LoadResult:
         """Load, salvage or recover the state (see module docstring). Never raises for bad content."""
+        self._remove_stale_temp_files()
         try:
             with open(self.path, "rb") as handle:
                 raw = handle.read()

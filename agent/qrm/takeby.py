@@ -77,7 +77,8 @@ def _fully_free(idx: _Index, cores: Iterable[int], free: Set[int]) -> bool:
 def _best_home(idx: _Index, scope: Set[int], free: Set[int], need: int, whole_cores: bool,
                preferred: Set[Optional[int]]) -> Optional[Tuple[int, ...]]:
     """The finest-level container inside ``scope`` that can hold ``need`` cpus:
-    best fit (least capacity), then preferred NUMA, then lowest id."""
+    in a preferred NUMA node if one can, then best fit (least capacity), then
+    lowest id."""
     for _kind, members in idx.levels:
         candidates = []
         for group, cores in members.items():
@@ -85,7 +86,7 @@ def _best_home(idx: _Index, scope: Set[int], free: Set[int], need: int, whole_co
                 continue
             cap = capacity(idx, cores, free, whole_cores)
             if cap >= need:
-                candidates.append((cap, idx.core_numa[cores[0]] not in preferred, group, cores))
+                candidates.append((idx.core_numa[cores[0]] not in preferred, cap, group, cores))
         if candidates:
             return min(candidates)[3]
     return None
@@ -96,9 +97,10 @@ def take_cpus(topo: Topology, free: Iterable[int], count: int, *, whole_cores: b
     """Choose ``count`` cpus out of ``free``; ``None`` if they cannot be had.
 
     1. If one container (L3 group, NUMA node or socket, finest level first)
-       can hold the whole request, work inside the best fitting one: the
-       least capacity that suffices (only fully free cores count when
-       ``whole_cores``), then a preferred NUMA node, then the lowest id.
+       can hold the whole request, work inside the best one: in a preferred
+       NUMA node (``prefer_numa``: a GPU's or NIC's) if possible, then the
+       best fit, i.e. the least capacity that suffices (only fully free
+       cores count when ``whole_cores``), then the lowest id.
        Otherwise work on the whole machine.
     2. Whole containers, coarsest level first: while the remainder is at
        least the size of a fully free container in scope, take one, preferring

@@ -215,3 +215,43 @@ def write_tree(root: str, shape: Shape = Shape()) -> str:
     _write(root, "/sys/devices/virtual/net/lo/address", "00:00:00:00:00:00")
     _link(root, "/sys/class/net/lo", "../../devices/virtual/net/lo")
     return root
+
+
+def build_topology(shape: Shape):
+    """The ``Topology`` that ``discover`` reads from ``write_tree(root, shape)``,
+    built in memory (for property tests that need thousands of shapes)."""
+    from agent.topology.model import Cpu, Gpu, Nic, NumaNode, Topology, group_ids
+
+    cpus = layout(shape)
+    online = [c for c in cpus if c["id"] not in shape.offline]
+    online_ids = {c["id"] for c in online}
+    core_of = group_ids({tuple(s for s in c["siblings"] if s in online_ids) for c in online})
+    socket_of = group_ids({tuple(x["id"] for x in online if x["socket"] == c["socket"]) for c in online})
+    l3_of = group_ids({tuple(x["id"] for x in online if x["l3"] == c["l3"]) for c in online})
+    result = []
+    for c in cpus:
+        if c["id"] not in online_ids:
+            result.append(Cpu(id=c["id"], online=False))
+            continue
+        result.append(Cpu(id=c["id"], online=True, core=core_of[c["id"]], socket=socket_of[c["id"]],
+                          die=socket_of[c["id"]], numa=c["numa"], l3=l3_of[c["id"]],
+                          siblings=tuple(sorted(s for s in c["siblings"] if s in online_ids))))
+    total = shape.numa_count() + shape.memory_only_nodes
+    nodes = []
+    for nid in range(total):
+        row = []
+        for other in range(total):
+            if other == nid:
+                row.append((other, 10))
+            elif other < shape.numa_count() and nid < shape.numa_count() and \
+                    other // shape.numa_per_socket == nid // shape.numa_per_socket:
+                row.append((other, 12))
+            else:
+                row.append((other, 32))
+        nodes.append(NumaNode(id=nid, cpus=tuple(c["id"] for c in online if c["numa"] == nid),
+                              memory_bytes=shape.memory_per_numa, distances=tuple(row)))
+    gpus = tuple(Gpu(pci=f"0000:{0x10 + i:02x}:00.0", vendor="nvidia", numa=numa) for i, numa in enumerate(shape.gpus))
+    nics = tuple(Nic(name=n.name, pci=f"0000:{0x80 + i:02x}:00.0", numa=n.numa, speed_mbps=n.speed_mbps,
+                     mac=f"02:00:00:00:00:{i:02x}", physical=True) for i, n in enumerate(shape.nics))
+    return Topology(cpus=tuple(result), numa_nodes=tuple(nodes), gpus=gpus, nics=nics, cpu_model=shape.model,
+                    cpu_flags=("avx2", "fpu", "sse", "sse2"))

@@ -161,3 +161,15 @@ def test_to_dict_round_trip(topo_dual_socket_ht):
     again = Topology.from_dict(topo_dual_socket_ht.to_dict())
     assert again == topo_dual_socket_ht
     assert again.cores_in_numa(3) == topo_dual_socket_ht.cores_in_numa(3)
+
+
+@pytest.mark.parametrize("shape", SHAPES[:4] + [Shape(sockets=1, numa_per_socket=2, cores_per_numa=3, offline=(2, 9))],
+                         ids=["2s2n8c2t", "1s1n4c1t", "4s2n6c2t-2l3", "2s1n8c4t-smt4", "offline"])
+def test_in_memory_topology_equals_discovered(tmp_path, shape):
+    from agent.topology.synthetic import build_topology
+
+    discovered = _discover(tmp_path, shape)
+    built = build_topology(shape)
+    assert [(c.id, c.online, c.core, c.socket, c.numa, c.l3, c.siblings) for c in built.cpus] == \
+           [(c.id, c.online, c.core, c.socket, c.numa, c.l3, c.siblings) for c in discovered.cpus]
+    assert built.numa_nodes == discovered.numa_nodes
