@@ -128,5 +128,19 @@ def bench_topology(root: str, repeat: int, as_json: bool) -> None:
     emit_json(run(root, repeat))
 
 
+@bench.command("qrm")
+@click.option("--root", default=None, type=click.Path(file_okay=False),
+              help="Tree to allocate on (default: a synthetic 2x4x8x4 = 256-cpu node).")
+@click.option("--workloads", default=500, show_default=True, type=click.IntRange(1, 100000))
+@click.option("--repeat", default=20, show_default=True, type=click.IntRange(1, 10000))
+@click.option("--churn-steps", default=3000, show_default=True, type=click.IntRange(0, 10 ** 7))
+@click.option("--json", "as_json", is_flag=True, help="JSON output (always JSON).")
+def bench_qrm(root, workloads: int, repeat: int, churn_steps: int, as_json: bool) -> None:
+    """Allocation latency, checkpoint reload and fragmentation against first fit."""
+    from agent.bench.qrm import run
+
+    emit_json(run(root, workloads, repeat, churn_steps))
+
+
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())

@@ -22,7 +22,7 @@ Pools (derived from the state, never stored; see ``pools``):
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple
+from typing import Dict, FrozenSet, Iterable, List, Optional, Sequence, Set, Tuple
 
 from agent.errors import AdmissionError
 from agent.qrm.model import Allocation, Decision, Pools, QoS, Rejection, Request
@@ -34,6 +34,56 @@ POLICY = "tidal-qrm/v1"
 
 
 @dataclass(frozen=True)
+class _Totals:
+    """Aggregates of a state's allocations, kept so a decision costs O(cpus),
+    not O(workloads): derived incrementally by ``with_allocation``/``without``."""
+
+    by_name: Dict[str, Allocation]
+    dedicated: FrozenSet[int]
+    held_nodes: Dict[int, int]  # node -> how many allocations hold it
+    shared_millicpu: int
+    reclaimed_millicpu: int
+    lendable: FrozenSet[int]
+
+    @staticmethod
+    def of(allocations: Iterable[Allocation]) -> "_Totals":
+        totals = _Totals({}, frozenset(), {}, 0, 0, frozenset())
+        for alloc in allocations:
+            totals = totals.plus(alloc)
+        return totals
+
+    def plus(self, a: Allocation) -> "_Totals":
+        held = dict(self.held_nodes)
+        for node in a.nodes:
+            held[node] = held.get(node, 0) + 1
+        return _Totals(
+            by_name={**self.by_name, a.name: a},
+            dedicated=self.dedicated | frozenset(a.cpus) if a.qos is QoS.DEDICATED else self.dedicated,
+            held_nodes=held,
+            shared_millicpu=self.shared_millicpu + (a.millicpu if a.qos is QoS.SHARED else 0),
+            reclaimed_millicpu=self.reclaimed_millicpu + (a.millicpu if a.qos is QoS.RECLAIMED else 0),
+            lendable=self.lendable | frozenset(a.cpus) if a.reclaim_allowed else self.lendable,
+        )
+
+    def minus(self, a: Allocation) -> "_Totals":
+        held = dict(self.held_nodes)
+        for node in a.nodes:
+            held[node] -= 1
+            if not held[node]:
+                del held[node]
+        by_name = dict(self.by_name)
+        del by_name[a.name]
+        return _Totals(
+            by_name=by_name,
+            dedicated=self.dedicated - frozenset(a.cpus) if a.qos is QoS.DEDICATED else self.dedicated,
+            held_nodes=held,
+            shared_millicpu=self.shared_millicpu - (a.millicpu if a.qos is QoS.SHARED else 0),
+            reclaimed_millicpu=self.reclaimed_millicpu - (a.millicpu if a.qos is QoS.RECLAIMED else 0),
+            lendable=self.lendable - frozenset(a.cpus) if a.reclaim_allowed else self.lendable,
+        )
+
+
+@dataclass(frozen=True)
 class State:
     """What the node has handed out. Allocations keep admission order."""
 
@@ -41,23 +91,38 @@ class State:
     allocations: Tuple[Allocation, ...] = ()
     reclaim_cpus: Optional[int] = None
 
+    @property
+    def totals(self) -> _Totals:
+        cached = self.__dict__.get("_totals")
+        if cached is None:
+            cached = _Totals.of(self.allocations)
+            object.__setattr__(self, "_totals", cached)
+        return cached
+
+    def _derived(self, allocations: Tuple[Allocation, ...], totals: _Totals) -> "State":
+        new = replace(self, allocations=allocations)
+        object.__setattr__(new, "_totals", totals)
+        return new
+
     def get(self, name: str) -> Optional[Allocation]:
-        for alloc in self.allocations:
-            if alloc.name == name:
-                return alloc
-        return None
+        return self.totals.by_name.get(name)
 
     def names(self) -> List[str]:
         return [a.name for a in self.allocations]
 
     def with_allocation(self, alloc: Allocation) -> "State":
-        return replace(self, allocations=self.allocations + (alloc,))
+        return self._derived(self.allocations + (alloc,), self.totals.plus(alloc))
 
     def without(self, name: str) -> "State":
-        return replace(self, allocations=tuple(a for a in self.allocations if a.name != name))
+        alloc = self.get(name)
+        if alloc is None:
+            return self
+        return self._derived(tuple(a for a in self.allocations if a.name != name), self.totals.minus(alloc))
 
     def with_reclaim_cpus(self, cpus: Optional[int]) -> "State":
-        return replace(self, reclaim_cpus=cpus)
+        new = replace(self, reclaim_cpus=cpus)
+        object.__setattr__(new, "_totals", self.totals)
+        return new
 
 
 def default_reserved(topo: Topology) -> Tuple[int, ...]:
@@ -87,11 +152,6 @@ def initial_state(topo: Topology, reserved: Optional[Iterable[int]] = None,
     return State(reserved=chosen, reclaim_cpus=reclaim_cpus)
 
 
-def _shared_need(allocations: Iterable[Allocation], extra_millicpu: int = 0) -> int:
-    total = extra_millicpu + sum(a.millicpu for a in allocations if a.qos is QoS.SHARED)
-    return -(-total // 1000)
-
-
 @dataclass(frozen=True)
 class _Layout:
     reserved: Set[int]
@@ -105,15 +165,12 @@ class _Layout:
 def _layout(topo: Topology, state: State) -> _Layout:
     online = set(topo.online_cpus())
     reserved = set(state.reserved) & online
-    dedicated: Set[int] = set()
-    held_nodes: Set[int] = set()
-    for alloc in state.allocations:
-        if alloc.qos is QoS.DEDICATED:
-            dedicated.update(alloc.cpus)
-            held_nodes.update(alloc.nodes)
+    totals = state.totals
+    dedicated = set(totals.dedicated)
+    held_nodes = set(totals.held_nodes)
     held = {c for n in held_nodes for c in topo.cpus_in_numa(n)} - dedicated - reserved
     free = online - reserved - dedicated - held
-    return _Layout(reserved, dedicated, held, held_nodes, free, _shared_need(state.allocations))
+    return _Layout(reserved, dedicated, held, held_nodes, free, -(-totals.shared_millicpu // 1000))
 
 
 def _carve_order(topo: Topology, cpus: Set[int]) -> List[int]:
@@ -127,10 +184,7 @@ def _carve_order(topo: Topology, cpus: Set[int]) -> List[int]:
 
 def pools(topo: Topology, state: State) -> Pools:
     lay = _layout(topo, state)
-    lendable = set(lay.held)
-    for alloc in state.allocations:
-        if alloc.qos is QoS.DEDICATED and alloc.reclaim_allowed:
-            lendable.update(alloc.cpus)
+    lendable = set(lay.held) | state.totals.lendable
     target = state.reclaim_cpus
     carvable = max(0, len(lay.free) - lay.shared_need)
     lend_order = sorted(lendable)
@@ -191,7 +245,7 @@ def allocate(topo: Topology, state: State, request: Request) -> Decision:
     lay = _layout(topo, state)
     usable = len(online) - len(lay.reserved)
     if request.qos is QoS.SHARED:
-        need = _shared_need(state.allocations, request.millicpu)
+        need = -(-(state.totals.shared_millicpu + request.millicpu) // 1000)
         if need > usable:
             return Rejection(request.name, f"asks {request.millicpu} millicpu; the node has {usable} cpus "
                                            f"outside the reserved pool")
@@ -202,7 +256,7 @@ def allocate(topo: Topology, state: State, request: Request) -> Decision:
     if request.qos is QoS.RECLAIMED:
         pool = pools(topo, state)
         capacity_m = len(pool.reclaimed) * 1000
-        used_m = sum(a.millicpu for a in state.allocations if a.qos is QoS.RECLAIMED)
+        used_m = state.totals.reclaimed_millicpu
         if used_m + request.millicpu > capacity_m:
             return Rejection(request.name, f"reclaim pool has {capacity_m - used_m} of {capacity_m} millicpu "
                                            f"free; asked {request.millicpu}")

@@ -149,3 +149,14 @@ def test_plan_bad_input_is_one_error_line(root, tmp_path, docs, args, message):
     assert result.exit_code == 2
     lines = [l for l in result.output.splitlines() if l.strip()]
     assert len(lines) == 1 and lines[0].startswith("tidal: error: ") and message in lines[0], result.output
+
+
+def test_bench_qrm_json_shape():
+    result = CliRunner().invoke(main, ["bench", "qrm", "--workloads", "60", "--repeat", "2",
+                                       "--churn-steps", "200", "--json"])
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.output)
+    assert set(out) >= {"decision_p99_ms", "reload_ms", "fit_after_churn"}
+    assert out["decision_p99_ms"] > 0 and out["reload_ms"] > 0
+    assert set(out["fit_after_churn"]) >= {"tidal", "first_fit"}
+    assert out["admitted"] == 60
