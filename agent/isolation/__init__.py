@@ -1,0 +1,1 @@
+"""Isolation: the ONLY code that writes cgroups, tc, nft/iptables and routes."""

@@ -1,0 +1,244 @@
+"""The side-effect boundary of cgroup isolation: a small protocol and two drivers.
+
+``CgroupDriver`` is what the reconciler needs from the kernel. ``KernelCgroups``
+is the real one (files under the cgroup mounts); ``RecordingCgroups`` keeps
+everything in memory and records each operation, for the unit tests of the
+layers above and for end-to-end tests that must not touch the host.
+
+Paths are logical (``"tidal/dedicated/web"``), relative to a parent cgroup
+per hierarchy: ``/`` by default, or the agent's own cgroup (``parent="self"``)
+when it runs delegated (systemd ``Delegate=yes``) or inside a test sandbox.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from typing import Dict, Iterable, List, Optional, Protocol, Tuple
+
+from agent.isolation.cgroups.detect import CgroupError, CgroupMounts
+from agent.topology.hostfs import HostFS
+
+
+class CgroupDriver(Protocol):
+    version: int
+    features: Dict[str, bool]
+
+    def exists(self, path: str) -> bool: ...
+    def create(self, path: str) -> None: ...
+    def remove(self, path: str) -> None: ...
+    def read(self, controller: str, path: str, file: str) -> Optional[str]: ...
+    def write(self, controller: str, path: str, file: str, text: str) -> None: ...
+    def procs(self, path: str) -> List[int]: ...
+    def move(self, path: str, pid: int) -> None: ...
+    def children(self, path: str) -> List[str]: ...
+    def cpu_usage_ns(self, path: str) -> Optional[int]: ...
+    def where(self, path: str) -> Dict[str, str]: ...
+
+
+def own_cgroups(fs: HostFS, pid: str = "self") -> Dict[str, str]:
+    """``{controller: path}`` of a process, from ``/proc/<pid>/cgroup`` ("" is the v2 path)."""
+    result: Dict[str, str] = {}
+    for line in (fs.read(f"/proc/{pid}/cgroup") or "").splitlines():
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        for controller in parts[1].split(",") if parts[1] else [""]:
+            result[controller] = parts[2]
+    return result
+
+
+class KernelCgroups:
+    """Real cgroup files (v1: one directory per hierarchy; v2: one tree)."""
+
+    def __init__(self, mounts: CgroupMounts, fs: Optional[HostFS] = None, parent: str = "/") -> None:
+        self.mounts = mounts
+        self.version = mounts.version
+        self.features = dict(mounts.features)
+        self.fs = fs or HostFS("/")
+        own = own_cgroups(self.fs) if parent == "self" else {}
+        if self.version == 2:
+            self.controllers = [""]
+        else:
+            self.controllers = [c for c in ("cpuset", "cpu", "cpuacct", "memory") if c in mounts.mounts]
+        self.bases: Dict[str, str] = {}
+        for controller in self.controllers:
+            base = own.get(controller, own.get("", "/")) if parent == "self" else parent
+            self.bases[controller] = self.fs.path(mounts.mount_of(controller or "cpu")) + base.rstrip("/")
+        # v1 hierarchies may be co-mounted (cpu,cpuacct): create each directory once
+        seen = {}
+        for controller in self.controllers:
+            seen.setdefault(self.bases[controller], controller)
+        self._distinct = list(seen.values())
+
+    def _dir(self, controller: str, path: str) -> str:
+        key = "" if self.version == 2 else controller
+        return f"{self.bases[key]}/{path}".rstrip("/")
+
+    def where(self, path: str) -> Dict[str, str]:
+        return {c or "unified": self._dir(c, path) for c in self.controllers}
+
+    def exists(self, path: str) -> bool:
+        return all(os.path.isdir(self._dir(c, path)) for c in self._distinct)
+
+    def create(self, path: str) -> None:
+        for controller in self._distinct:
+            directory = self._dir(controller, path)
+            if self.version == 2:
+                self._enable_controllers(path)
+            try:
+                os.mkdir(directory)
+            except FileExistsError:
+                pass
+            except OSError as exc:
+                raise CgroupError(f"{directory}: cannot create cgroup: {exc.strerror}") from None
+
+    def _enable_controllers(self, path: str) -> None:
+        """v2: a child gets cpu/cpuset/memory files only if its parent delegates them."""
+        parts = [p for p in path.split("/") if p]
+        for depth in range(len(parts)):
+            parent = self._dir("", "/".join(parts[:depth]))
+            control = os.path.join(parent, "cgroup.subtree_control")
+            try:
+                with open(control) as handle:
+                    enabled = set(handle.read().split())
+            except OSError:
+                continue
+            try:
+                with open(os.path.join(parent, "cgroup.controllers")) as handle:
+                    available = set(handle.read().split())
+            except OSError:
+                available = {"cpu", "cpuset", "memory"}
+            for controller in ("cpuset", "cpu", "memory"):
+                if controller in available and controller not in enabled:
+                    try:
+                        with open(control, "w") as handle:
+                            handle.write(f"+{controller}")
+                    except OSError as exc:
+                        raise CgroupError(f"{control}: cannot enable {controller}: {exc.strerror}") from None
+
+    def remove(self, path: str) -> None:
+        for controller in self._distinct:
+            directory = self._dir(controller, path)
+            try:
+                os.rmdir(directory)
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                raise CgroupError(f"{directory}: cannot remove cgroup: {exc.strerror}") from None
+
+    def read(self, controller: str, path: str, file: str) -> Optional[str]:
+        try:
+            with open(os.path.join(self._dir(controller, path), file)) as handle:
+                return handle.read()
+        except OSError:
+            return None
+
+    def write(self, controller: str, path: str, file: str, text: str) -> None:
+        target = os.path.join(self._dir(controller, path), file)
+        try:
+            fd = os.open(target, os.O_WRONLY | os.O_CLOEXEC | (os.O_CREAT if self._fake_tree() else 0), 0o644)
+            try:
+                os.write(fd, text.encode() if text else b"\n")
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            raise CgroupError(f"{target}: write {text!r} refused: {exc.strerror}") from None
+
+    def _fake_tree(self) -> bool:
+        """Captured or fake trees (tests of v2 on this v1 machine) are plain files: create them."""
+        return not self.fs.is_live
+
+    def procs(self, path: str) -> List[int]:
+        controller = "" if self.version == 2 else "cpuset"
+        text = self.read(controller, path, "cgroup.procs") or ""
+        return [int(p) for p in text.split()]
+
+    def move(self, path: str, pid: int) -> None:
+        for controller in self._distinct:
+            target = os.path.join(self._dir(controller, path), "cgroup.procs")
+            try:
+                with open(target, "w") as handle:
+                    handle.write(str(pid))
+            except OSError as exc:
+                if exc.errno == errno.ESRCH:
+                    raise CgroupError(f"pid {pid}: no such process") from None
+                raise CgroupError(f"{target}: cannot move pid {pid}: {exc.strerror}") from None
+
+    def children(self, path: str) -> List[str]:
+        directory = self._dir("" if self.version == 2 else "cpuset", path)
+        try:
+            return sorted(e for e in os.listdir(directory) if os.path.isdir(os.path.join(directory, e)))
+        except OSError:
+            return []
+
+    def cpu_usage_ns(self, path: str) -> Optional[int]:
+        if self.version == 1:
+            text = self.read("cpuacct", path, "cpuacct.usage") if "cpuacct" in self.bases else None
+            return int(text) if text and text.strip().isdigit() else None
+        for line in (self.read("", path, "cpu.stat") or "").splitlines():
+            key, _, value = line.partition(" ")
+            if key == "usage_usec":
+                return int(value) * 1000
+        return None
+
+
+class RecordingCgroups:
+    """In-memory cgroups that record every operation (``ops``) and never touch the host."""
+
+    def __init__(self, version: int = 1, features: Optional[Dict[str, bool]] = None) -> None:
+        self.version = version
+        self.features = dict(features or {"cpu.idle": True, "memory": True})
+        self.files: Dict[str, Dict[Tuple[str, str], str]] = {"": {}}
+        self.members: Dict[str, List[int]] = {"": []}
+        self.ops: List[Tuple] = []
+        self.usage: Dict[str, int] = {}
+
+    def where(self, path: str) -> Dict[str, str]:
+        return {"recorded": path}
+
+    def exists(self, path: str) -> bool:
+        return path in self.files
+
+    def create(self, path: str) -> None:
+        if path not in self.files:
+            self.files[path] = {}
+            self.members[path] = []
+            self.ops.append(("create", path))
+
+    def remove(self, path: str) -> None:
+        if self.members.get(path):
+            raise CgroupError(f"{path}: cannot remove cgroup: Device or resource busy")
+        if any(p.startswith(path + "/") for p in self.files):
+            raise CgroupError(f"{path}: cannot remove cgroup: Device or resource busy")
+        self.files.pop(path, None)
+        self.members.pop(path, None)
+        self.ops.append(("remove", path))
+
+    def read(self, controller: str, path: str, file: str) -> Optional[str]:
+        return self.files.get(path, {}).get((controller, file))
+
+    def write(self, controller: str, path: str, file: str, text: str) -> None:
+        if path not in self.files:
+            raise CgroupError(f"{path}/{file}: no such cgroup")
+        self.files[path][(controller, file)] = text
+        self.ops.append(("write", path, controller, file, text))
+
+    def procs(self, path: str) -> List[int]:
+        return list(self.members.get(path, []))
+
+    def move(self, path: str, pid: int) -> None:
+        if path not in self.members:
+            raise CgroupError(f"{path}: no such cgroup")
+        for members in self.members.values():
+            if pid in members:
+                members.remove(pid)
+        self.members[path].append(pid)
+        self.ops.append(("move", path, pid))
+
+    def children(self, path: str) -> List[str]:
+        prefix = path + "/" if path else ""
+        return sorted({p[len(prefix):].split("/")[0] for p in self.files if p.startswith(prefix) and p != path})
+
+    def cpu_usage_ns(self, path: str) -> Optional[int]:
+        return self.usage.get(path)

@@ -1,0 +1,193 @@
+"""Reconcile the kernel's cgroups to a desired tree, writing only differences.
+
+1. Create missing cgroups, parents first.
+2. Widen cpusets top-down (each cgroup gets current | desired), so a child
+   is never asked for cpus its parent lacks (v1 refuses that).
+3. Narrow cpusets bottom-up (each gets exactly desired), children before
+   parents for the same reason.
+4. Write every other knob whose file differs from the desired value.
+5. Remove cgroups of workloads that are gone (their leftover processes go
+   back to the parent cgroup Tidal was given, where they would be without it).
+
+A file that differs although Tidal last wrote the desired value there was
+changed by someone else: it is rewritten and counted as a drift repair.
+Every write that fails is reported, and the rest still applied; nothing
+stops half-way silently.
+
+Files of cgroups Tidal did not create (the kubelet's, in Kubernetes mode)
+have their original values saved before the first write, so ``revert``
+restores exactly what was found.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, Iterable, List, Optional, Set, Tuple
+
+from agent.isolation.cgroups.desired import CgroupSpec
+from agent.isolation.cgroups.detect import CgroupError
+from agent.isolation.cgroups.driver import CgroupDriver
+from agent.isolation.cgroups.knobs import files_for, normalize
+from agent.topology.parse import format_cpulist, parse_cpulist
+
+Key = Tuple[str, str, str]  # (path, controller, file)
+CPUSET_KNOBS = ("cpus", "mems")
+
+
+@dataclass
+class ReconcileReport:
+    created: List[str] = field(default_factory=list)
+    removed: List[str] = field(default_factory=list)
+    written: List[Tuple[str, str, str]] = field(default_factory=list)
+    repaired: List[Tuple[str, str, Optional[str], str]] = field(default_factory=list)
+    failed: List[Tuple[str, str, str]] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.failed
+
+
+def _union(a: Optional[str], b: str) -> str:
+    try:
+        left = set(parse_cpulist(a or ""))
+    except ValueError:
+        left = set()
+    return format_cpulist(left | set(parse_cpulist(b)))
+
+
+class Reconciler:
+    def __init__(self, driver: CgroupDriver, base: str, managed_roots: Iterable[str] = ()) -> None:
+        self.driver = driver
+        self.base = base
+        self.last: Dict[Key, str] = {}
+        self.originals: Dict[Key, Optional[str]] = {}
+        self.created: Set[str] = set()
+        self._drifted: Dict[Key, Optional[str]] = {}
+        self.managed_roots = tuple(managed_roots) or (f"{base}/dedicated", f"{base}/shared",
+                                                      *[f"{base}/reclaimed/{t}" for t in ("high", "min", "low")])
+
+    def _ours(self, path: str) -> bool:
+        return path == self.base or path.startswith(self.base + "/") or path in self.created
+
+    def _write(self, report: ReconcileReport, path: str, controller: str, file: str, text: str,
+               final: bool = True) -> None:
+        """Write ``text`` unless the file already holds it. ``final`` writes are
+        what the cgroup should keep (remembered for drift detection); the
+        widening pass writes intermediate values."""
+        key = (path, controller, file)
+        actual = self.driver.read(controller, path, file)
+        if normalize(file, actual) == normalize(file, text):
+            if final:
+                self.last[key] = text
+            return
+        if key not in self.originals and not self._ours(path):
+            self.originals[key] = actual
+        try:
+            self.driver.write(controller, path, file, text)
+        except CgroupError as exc:
+            report.failed.append((path, file, str(exc)))
+            return
+        report.written.append((path, file, text))
+        if final:
+            if key in self._drifted:
+                report.repaired.append((path, file, self._drifted[key], text))
+            self.last[key] = text
+
+    def _find_drift(self, specs: List[CgroupSpec]) -> None:
+        """Files that no longer hold what Tidal last wrote there: someone else changed them."""
+        self._drifted: Dict[Key, Optional[str]] = {}
+        version = self.driver.version
+        for spec in specs:
+            for knob, value in spec.knobs.items():
+                for controller, file, _text in files_for(version, knob, value):
+                    key = (spec.path, controller, file)
+                    if key in self.last:
+                        actual = self.driver.read(controller, spec.path, file)
+                        if actual is not None and normalize(file, actual) != normalize(file, self.last[key]):
+                            self._drifted[key] = actual.strip()
+
+    def apply(self, specs: List[CgroupSpec]) -> ReconcileReport:
+        report = ReconcileReport()
+        version = self.driver.version
+        self._find_drift(specs)
+        # 1. create, parents first
+        for spec in specs:
+            if not self.driver.exists(spec.path):
+                try:
+                    self.driver.create(spec.path)
+                    self.created.add(spec.path)
+                    report.created.append(spec.path)
+                except CgroupError as exc:
+                    report.failed.append((spec.path, "", str(exc)))
+        # 2. widen cpusets top-down, 3. narrow bottom-up
+        for spec in specs:
+            for knob in CPUSET_KNOBS:
+                if knob in spec.knobs:
+                    for controller, file, text in files_for(version, knob, spec.knobs[knob]):
+                        actual = self.driver.read(controller, spec.path, file)
+                        wide = _union(actual, text)
+                        if normalize(file, actual) != wide:
+                            self._write(report, spec.path, controller, file, wide, final=False)
+        for spec in reversed(specs):
+            for knob in CPUSET_KNOBS:
+                if knob in spec.knobs:
+                    for controller, file, text in files_for(version, knob, spec.knobs[knob]):
+                        self._write(report, spec.path, controller, file, text)
+        # 4. the other knobs
+        for spec in specs:
+            for knob, value in spec.knobs.items():
+                if knob in CPUSET_KNOBS:
+                    continue
+                if knob == "cpu_idle" and not self.driver.features.get("cpu.idle"):
+                    continue
+                for controller, file, text in files_for(version, knob, value):
+                    self._write(report, spec.path, controller, file, text)
+        # 5. remove what is no longer wanted
+        wanted = {spec.path for spec in specs}
+        for root in self.managed_roots:
+            for child in self.driver.children(root):
+                path = f"{root}/{child}"
+                if path not in wanted:
+                    self._remove(report, path)
+        return report
+
+    def _remove(self, report: ReconcileReport, path: str) -> None:
+        for child in self.driver.children(path):
+            self._remove(report, f"{path}/{child}")
+        for pid in self.driver.procs(path):
+            try:
+                self.driver.move("", pid)
+            except CgroupError:
+                pass  # the process exited meanwhile
+        try:
+            self.driver.remove(path)
+            report.removed.append(path)
+            self.created.discard(path)
+            for key in [k for k in self.last if k[0] == path]:
+                del self.last[key]
+        except CgroupError as exc:
+            report.failed.append((path, "", str(exc)))
+
+    def revert(self) -> ReconcileReport:
+        """Put back what was found: original values of others' cgroups, and no Tidal tree."""
+        report = ReconcileReport()
+        for (path, controller, file), original in sorted(self.originals.items()):
+            if original is None:
+                continue
+            try:
+                self.driver.write(controller, path, file, original.strip())
+                report.written.append((path, file, original.strip()))
+            except CgroupError as exc:
+                report.failed.append((path, file, str(exc)))
+        if self.driver.exists(self.base):
+            self._remove(report, self.base)
+        self.last.clear()
+        return report
+
+    def export(self) -> Dict[str, object]:
+        """What a restarted agent needs to revert later (kept beside the checkpoint)."""
+        return {"originals": [[p, c, f, v] for (p, c, f), v in sorted(self.originals.items())]}
+
+    def adopt(self, data: Dict[str, object]) -> None:
+        for p, c, f, v in data.get("originals", []):
+            self.originals.setdefault((p, c, f), v)
