@@ -9,8 +9,9 @@ errors are click's (also exit 2). Commands import their layers lazily so
 from __future__ import annotations
 
 import json
+import os
 import sys
-from typing import Any
+from typing import Any, Optional
 
 import click
 
@@ -99,17 +100,156 @@ def parse_cpulist_option(option: str, value):
     return cpus
 
 
+SOCKET_OPTION = click.option(
+    "--socket", "socket_path", default=lambda: os.environ.get("TIDAL_SOCKET", "/run/tidal/tidal.sock"),
+    show_default="$TIDAL_SOCKET or /run/tidal/tidal.sock", help="Unix socket of the agent's local API.")
+
+
+def parse_reserved(value: Optional[str]):
+    """``--reserved-cpus``: a cpu list, or ``none`` for no reserved pool."""
+    if value is not None and value.strip().lower() == "none":
+        return ()
+    return parse_cpulist_option("--reserved-cpus", value)
+
+
 @main.command()
 @ROOT_OPTION
-@click.option("--socket", "socket_path", default="/run/tidal/tidal.sock", show_default=True,
-              help="Unix socket of the local API.")
+@SOCKET_OPTION
 @click.option("--state-dir", default="/var/lib/tidal", show_default=True, type=click.Path(file_okay=False),
-              help="Where the checkpoint and history are kept.")
-def agent(root: str, socket_path: str, state_dir: str) -> None:
+              help="Where the checkpoint is kept.")
+@click.option("--reserved-cpus", default=None, metavar="LIST|none",
+              help="cpus of the system_cores pool (default: the first physical core).")
+@click.option("--period", default=1.0, show_default=True, type=click.FloatRange(0.01, 3600),
+              help="Seconds between reconcile loops (usage sampling, pool resizing, drift repair).")
+@click.option("--tcp-port", default=None, type=click.IntRange(1, 65535), help="Also serve on 127.0.0.1:PORT.")
+@click.option("--cgroup-base", default="tidal", show_default=True, help="Name of Tidal's cgroup tree.")
+@click.option("--cgroup-parent", default="/", show_default=True, type=click.Choice(["/", "self"]),
+              help="Create the tree at each hierarchy's root, or under the agent's own cgroup (delegation).")
+@click.option("--no-resize", is_flag=True, help="Keep the reclaim pool at its maximum instead of sizing it from usage.")
+@click.option("--revert", is_flag=True, help="On exit, put the kernel back as the agent found it.")
+@click.option("--log-level", default="info", show_default=True,
+              type=click.Choice(["debug", "info", "warning", "error"]))
+def agent(root: str, socket_path: str, state_dir: str, reserved_cpus, period: float, tcp_port, cgroup_base: str,
+          cgroup_parent: str, no_resize: bool, revert: bool, log_level: str) -> None:
     """Run the node agent in the foreground (what `make run` and the systemd unit start)."""
+    import logging
+
     from agent.daemon import Agent, AgentConfig
 
-    sys.exit(Agent(AgentConfig(root=root, socket_path=socket_path, state_dir=state_dir), echo=click.echo).run())
+    logging.basicConfig(level=getattr(logging, log_level.upper()), format="tidal agent: %(levelname)s %(message)s")
+    config = AgentConfig(root=root, socket_path=socket_path, state_dir=state_dir,
+                         reserved_cpus=parse_reserved(reserved_cpus), period=period, tcp_port=tcp_port,
+                         cgroup_base=cgroup_base, cgroup_parent=cgroup_parent, resize=not no_resize,
+                         revert_on_exit=revert)
+    sys.exit(Agent(config, echo=click.echo).run())
+
+
+def _client(socket_path: str):
+    from agent.client import AgentClient
+
+    return AgentClient(socket_path)
+
+
+@main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@SOCKET_OPTION
+@click.option("--qos", default="shared_cores", show_default=True,
+              type=click.Choice(["dedicated_cores", "shared_cores", "reclaimed_cores", "system_cores"]))
+@click.option("--cpus", type=float, default=None, help="Whole cpus (dedicated_cores) or cpus (others).")
+@click.option("--millicpu", type=int, default=None, help="Millicores (shared/reclaimed; default 1000).")
+@click.option("--numa-binding", is_flag=True, help="dedicated_cores: cpus and memory of one NUMA node.")
+@click.option("--numa-exclusive", is_flag=True, help="dedicated_cores: take the NUMA node alone.")
+@click.option("--tier", type=click.Choice(["high", "min", "low"]), default=None, help="reclaimed_cores tier.")
+@click.option("--name", default=None, help="Workload name (default run-<pid>).")
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+def run(socket_path: str, qos: str, cpus, millicpu, numa_binding: bool, numa_exclusive: bool, tier, name,
+        command) -> None:
+    """Run COMMAND in a workload: ask the agent for an allocation, join its cgroup, exec.
+
+    The exit status is COMMAND's own (this process becomes it, as with
+    `systemd-run --scope`); the agent releases the allocation once its
+    cgroup is empty.
+    """
+    if cpus is not None and millicpu is not None:
+        raise TidalError("give --cpus or --millicpu, not both")
+    doc = {"name": name or f"run-{os.getpid()}", "qos": qos}
+    if cpus is not None:
+        doc["cpus"] = int(cpus) if float(cpus).is_integer() else cpus
+    elif millicpu is not None:
+        doc["millicpu"] = millicpu
+    elif qos in ("shared_cores", "reclaimed_cores"):
+        doc["millicpu"] = 1000
+    if numa_binding:
+        doc["numa_binding"] = True
+    if numa_exclusive:
+        doc["numa_exclusive"] = True
+    if tier:
+        doc["tier"] = tier
+    client = _client(socket_path)
+    client.request("POST", "/v1/workloads", doc)
+    try:
+        client.request("POST", f"/v1/workloads/{doc['name']}/attach", {"pid": os.getpid()})
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.execvp(command[0], list(command))
+    except OSError as exc:
+        client.call("DELETE", f"/v1/workloads/{doc['name']}")
+        click.echo(f"tidal: error: cannot run {command[0]!r}: {exc.strerror}", err=True)
+        sys.exit(127)
+    except TidalError:
+        client.call("DELETE", f"/v1/workloads/{doc['name']}")
+        raise
+
+
+@main.command()
+@SOCKET_OPTION
+@click.option("--json", "as_json", is_flag=True, help="JSON output.")
+def ps(socket_path: str, as_json: bool) -> None:
+    """List the workloads the agent manages."""
+    data = _client(socket_path).request("GET", "/v1/workloads")["workloads"]
+    if as_json:
+        emit_json(data)
+        return
+    rows = [("NAME", "QOS", "CPUS", "MEMS", "MILLICPU", "TIER", "PIDS", "USAGE")]
+    for w in data:
+        usage = "-" if w.get("usage_millicpu") is None else f"{w['usage_millicpu']}m"
+        rows.append((w["name"], w["qos"], w["cpus"] or "-", w["mems"] or "-", str(w["millicpu"]), w["tier"] or "-",
+                     ",".join(map(str, w["pids"][:6])) + ("…" if len(w["pids"]) > 6 else "") or "-", usage))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        click.echo("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
+
+
+@main.command("release")
+@SOCKET_OPTION
+@click.argument("name")
+def release_cmd(socket_path: str, name: str) -> None:
+    """Release workload NAME (its processes return to the parent cgroup)."""
+    _client(socket_path).request("DELETE", f"/v1/workloads/{name}")
+    click.echo(f"released {name}")
+
+
+@main.command()
+@SOCKET_OPTION
+@click.option("--json", "as_json", is_flag=True, help="JSON output.")
+def status(socket_path: str, as_json: bool) -> None:
+    """Per-core map: which pool and workload holds each cpu, and its usage."""
+    data = _client(socket_path).request("GET", "/v1/status")
+    if as_json:
+        emit_json(data)
+        return
+    pools_ = data["pools"]
+    click.echo(f"cgroup v{data['cgroup_version']}, tree {data['cgroup_base']}, {data['workloads']} workloads, "
+               f"last reconcile {data['last_reconcile_ms']} ms, drift repairs {data['counters']['drift_repairs']}")
+    for name in ("reserved", "shared", "reclaimed", "dedicated"):
+        click.echo(f"  {name:<10} {pools_[name] or '-'}")
+    click.echo("")
+    rows = [("CPU", "NUMA", "CORE", "POOL", "WORKLOAD", "USAGE")]
+    for c in data["cpus"]:
+        usage = "-" if c["usage_millicpu"] is None else f"{c['usage_millicpu'] / 10:.0f}%"
+        rows.append((str(c["id"]), str(c["numa"]), str(c["core"]), c["pool"], c["workload"] or "-", usage))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        click.echo("  ".join(x.ljust(w) for x, w in zip(row, widths)).rstrip())
 
 
 @main.group(cls=_Group)

@@ -1,20 +1,48 @@
-"""The node agent (``tidal agent``).
+"""The node agent (``tidal agent``): state, kernel and API kept in step.
 
-Today the agent discovers the node, prints what it found and where its socket
-and state will live, and then waits for SIGTERM/SIGINT; the QoS manager,
-isolation and the local API plug into ``Agent.run`` as they land.
+Start:
+1. discover the topology; detect cgroups (v1 or v2) and build the driver;
+2. load the checkpoint (corrupt: rebuild from the cgroup tree, see
+   ``isolation.cgroups.recover``); adopt saved original values for revert;
+3. reconcile the kernel to the state (writes only differences), so workloads
+   that ran through an agent crash stay confined;
+4. serve the local API (unix socket, mode 0600; optional loopback TCP).
+
+Every period (default 1 s): sample usage; release workloads whose cgroups
+have been empty (after a grace period for new ones); resize the reclaim pool
+from online usage (``reporter.headroom``); reconcile (repairing drift made
+by others, counted); checkpoint when the state changed.
+
+SIGTERM/SIGINT: stop serving, keep the state and the cgroups (workloads keep
+running, confined). ``--revert``: also put the kernel back as found.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
 import threading
-from dataclasses import dataclass
-from typing import Callable, Optional
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Dict, List, Optional
 
+from agent.errors import AdmissionError, StateError, TidalError
+from agent.isolation.cgroups.desired import CgroupOptions, desired_tree
+from agent.isolation.cgroups.detect import CgroupError, detect
+from agent.isolation.cgroups.driver import CgroupDriver, KernelCgroups
+from agent.isolation.cgroups.layout import workload_path
+from agent.isolation.cgroups.reconcile import Reconciler, ReconcileReport
+from agent.isolation.cgroups.recover import recover_state
+from agent.qrm.model import Allocation, QoS, Rejection
+from agent.qrm.policy import State, allocate, effective_cpus, pools, release
+from agent.qrm.requests import parse_request
+from agent.qrm.state import CheckpointStore
+from agent.reporter.headroom import ReclaimSizer
+from agent.reporter.usage import UsageSampler
 from agent.topology import HostFS, Topology, discover
+from agent.topology.parse import format_cpulist
 
 log = logging.getLogger("tidal.agent")
 
@@ -27,39 +55,330 @@ class AgentConfig:
     root: str = "/"
     socket_path: str = DEFAULT_SOCKET
     state_dir: str = DEFAULT_STATE_DIR
+    tcp_port: Optional[int] = None  # loopback only
+    reserved_cpus: Optional[tuple] = None  # None: the first physical core
+    period: float = 1.0
+    cgroup_base: str = "tidal"
+    cgroup_parent: str = "/"  # or "self": under the agent's own cgroup in each hierarchy
+    empty_grace: float = 30.0  # a new workload's cgroup may stay empty this long before release
+    resize: bool = True  # resize the reclaim pool from usage
+    revert_on_exit: bool = False
+    cgroup_options: CgroupOptions = field(default_factory=CgroupOptions)
+
+
+class NotFound(TidalError):
+    pass
+
+
+class Conflict(TidalError):
+    pass
+
+
+class Unfit(TidalError):
+    pass
 
 
 class Agent:
-    def __init__(self, config: AgentConfig, echo: Callable[[str], None] = print) -> None:
+    def __init__(self, config: AgentConfig, echo: Callable[[str], None] = print,
+                 driver: Optional[CgroupDriver] = None, topology: Optional[Topology] = None) -> None:
         self.config = config
         self.echo = echo
-        self.topology: Optional[Topology] = None
+        self.topology = topology
+        self.driver = driver
+        self.lock = threading.RLock()
+        self.state: Optional[State] = None
+        self.store = CheckpointStore(os.path.join(config.state_dir, "checkpoint.json"))
+        self.reconciler: Optional[Reconciler] = None
+        self.sizer = ReclaimSizer()
+        self.sampler: Optional[UsageSampler] = None
+        self.usage: Dict[str, int] = {}
+        self.cpu_usage: Dict[int, int] = {}
+        self.seen_procs: Dict[str, bool] = {}
+        self.created_at: Dict[str, float] = {}
+        self.counters: Dict[str, int] = {"drift_repairs": 0, "reconciles": 0, "reconcile_failures": 0,
+                                         "released_empty": 0}
+        self.last_report: Optional[ReconcileReport] = None
+        self.last_reconcile_ms = 0.0
         self._stop = threading.Event()
+        self._server = None
+        self._cap_millicpu: Optional[int] = None
 
-    def start(self) -> Topology:
-        self.topology = discover(HostFS(self.config.root))
+    # ---- start -------------------------------------------------------------
+
+    def start(self) -> None:
+        cfg = self.config
+        if self.topology is None:
+            self.topology = discover(HostFS(cfg.root))
+        if self.driver is None:
+            mounts = detect(HostFS(cfg.root))
+            self.driver = KernelCgroups(mounts, HostFS(cfg.root), parent=cfg.cgroup_parent)
+        self.reconciler = Reconciler(self.driver, cfg.cgroup_base)
+        self.sampler = UsageSampler(self.driver.cpu_usage_ns)
+        result = self.store.load(self.topology, reserved=cfg.reserved_cpus,
+                                 recover=lambda topo: recover_state(self.driver, cfg.cgroup_base, topo))
+        for warning in result.warnings:
+            self.echo(f"tidal agent: warning: {warning}")
+        state = result.state
+        if cfg.reserved_cpus is not None and tuple(cfg.reserved_cpus) != state.reserved:
+            from agent.qrm.policy import initial_state
+
+            check = initial_state(self.topology, cfg.reserved_cpus)
+            clash = set(check.reserved) & set(pools(self.topology, state).dedicated)
+            if clash:
+                raise AdmissionError(f"reserved cpus {format_cpulist(clash)} are held by dedicated workloads")
+            state = replace(state, reserved=check.reserved)
+        self.state = state
+        self._load_originals()
+        now = time.monotonic()
+        for alloc in self.state.allocations:
+            self.created_at[alloc.name] = now
+            self.seen_procs[alloc.name] = False
+        report = self.reconcile()
+        self.store.save(self.state, self.topology)
         topo = self.topology
         self.echo(
             f"tidal agent: {len(topo.socket_ids())} sockets, {len(topo.numa_nodes)} NUMA nodes, "
-            f"{len(topo.core_ids())} cores, {len(topo.online_cpus())} cpus, "
-            f"{len(topo.gpus)} GPUs, {len(topo.nics)} NICs")
+            f"{len(topo.core_ids())} cores, {len(topo.online_cpus())} cpus; cgroup v{self.driver.version}; "
+            f"{len(self.state.allocations)} workloads ({result.source}); "
+            f"{len(report.written)} cgroup writes, {len(report.failed)} failures")
         for warning in topo.warnings:
             self.echo(f"tidal agent: warning: {warning}")
-        self.echo(f"tidal agent: socket {self.config.socket_path} (not served yet), "
-                  f"state {self.config.state_dir}; pid {os.getpid()}; stop with SIGTERM or Ctrl-C")
-        return topo
+
+    def _originals_path(self) -> str:
+        return os.path.join(self.config.state_dir, "originals.json")
+
+    def _load_originals(self) -> None:
+        try:
+            with open(self._originals_path()) as handle:
+                self.reconciler.adopt(json.load(handle))
+        except (OSError, ValueError):
+            pass
+
+    def _save_originals(self) -> None:
+        data = self.reconciler.export()
+        if data["originals"]:
+            tmp = self._originals_path() + ".tmp"
+            with open(tmp, "w") as handle:
+                json.dump(data, handle)
+            os.replace(tmp, self._originals_path())
+
+    # ---- the state ---------------------------------------------------------
+
+    def reconcile(self) -> ReconcileReport:
+        with self.lock:
+            start = time.perf_counter()
+            pool = pools(self.topology, self.state)
+            options = replace(self.config.cgroup_options, base=self.config.cgroup_base,
+                              reclaimed_cap_millicpu=self._cap_millicpu)
+            specs = desired_tree(self.topology, self.state, pool, options, self.driver.features)
+            report = self.reconciler.apply(specs)
+            self.last_reconcile_ms = (time.perf_counter() - start) * 1000
+            self.counters["reconciles"] += 1
+            self.counters["drift_repairs"] += len(report.repaired)
+            self.counters["reconcile_failures"] += len(report.failed)
+            for path, file, was, now in report.repaired:
+                log.warning("repaired %s/%s: found %r, wrote %r", path, file, was, now)
+            for path, file, error in report.failed:
+                log.error("cgroup write failed: %s", error)
+            self.last_report = report
+            if self.reconciler.originals:
+                self._save_originals()
+            return report
+
+    def _commit(self, state: State) -> None:
+        self.store.save(state, self.topology)
+        self.state = state
+
+    def admit(self, doc: Any) -> Dict[str, Any]:
+        request = parse_request(doc)  # AdmissionError -> 400
+        with self.lock:
+            decision = allocate(self.topology, self.state, request)
+            if isinstance(decision, Rejection):
+                if "already in use" in decision.reason:
+                    raise Conflict(decision.reason)
+                raise Unfit(f"{decision.name}: {decision.reason}")
+            self._commit(self.state.with_allocation(decision))
+            self.created_at[decision.name] = time.monotonic()
+            self.seen_procs[decision.name] = False
+            report = self.reconcile()
+            failed = [f for f in report.failed if f[0] == workload_path(self.config.cgroup_base, decision)]
+            if failed:
+                self._commit(self.state.without(decision.name))
+                self.reconcile()
+                raise CgroupError(f"{decision.name}: cgroup setup failed: {failed[0][2]}")
+            return self.describe(decision)
+
+    def release(self, name: str) -> None:
+        with self.lock:
+            if self.state.get(name) is None:
+                raise NotFound(f"no workload named {name!r}")
+            self._commit(release(self.state, name))
+            self.seen_procs.pop(name, None)
+            self.created_at.pop(name, None)
+            self.reconcile()
+
+    def attach(self, name: str, pid: Any) -> Dict[str, Any]:
+        if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0:
+            raise AdmissionError(f"pid must be a positive integer, got {pid!r}")
+        with self.lock:
+            alloc = self.state.get(name)
+            if alloc is None:
+                raise NotFound(f"no workload named {name!r}")
+            try:
+                self.driver.move(workload_path(self.config.cgroup_base, alloc), pid)
+            except CgroupError as exc:
+                if "no such process" in str(exc):
+                    raise AdmissionError(str(exc)) from None
+                raise
+            self.seen_procs[name] = True
+            return self.describe(alloc)
+
+    def describe(self, alloc: Allocation, pool=None) -> Dict[str, Any]:
+        pool = pool or pools(self.topology, self.state)
+        path = workload_path(self.config.cgroup_base, alloc)
+        cpus = effective_cpus(self.topology, self.state, alloc, pool)
+        if alloc.qos is QoS.RECLAIMED:
+            from agent.isolation.cgroups.desired import reclaimed_cpus
+
+            cpus = reclaimed_cpus(pool, bool(self.driver.features.get("cpu.idle")),
+                                  self.config.cgroup_options.harvest_shared)
+        return {
+            "name": alloc.name, "qos": alloc.qos.value, "millicpu": alloc.millicpu,
+            "cpus": format_cpulist(cpus), "mems": format_cpulist(alloc.mems),
+            "tier": alloc.tier.value if alloc.qos is QoS.RECLAIMED else None,
+            "numa_binding": alloc.numa_binding, "numa_exclusive": alloc.numa_exclusive, "gpus": list(alloc.gpus),
+            "cgroup": path, "cgroup_dirs": self.driver.where(path), "pids": self.driver.procs(path),
+            "usage_millicpu": self.usage.get(path),
+        }
+
+    def workloads(self) -> List[Dict[str, Any]]:
+        with self.lock:
+            pool = pools(self.topology, self.state)
+            return [self.describe(a, pool) for a in self.state.allocations]
+
+    def status(self) -> Dict[str, Any]:
+        with self.lock:
+            pool = pools(self.topology, self.state)
+            owner: Dict[int, Dict[str, Optional[str]]] = {}
+            for cpu in pool.reserved:
+                owner[cpu] = {"pool": "reserved", "workload": None}
+            for cpu in pool.shared:
+                owner[cpu] = {"pool": "shared", "workload": None}
+            for cpu in pool.reclaimed:
+                owner.setdefault(cpu, {"pool": "reclaimed", "workload": None})
+            for cpu in pool.idle:
+                owner[cpu] = {"pool": "held-idle", "workload": None}
+            for alloc in self.state.allocations:
+                if alloc.qos is QoS.DEDICATED:
+                    for cpu in alloc.cpus:
+                        owner[cpu] = {"pool": "dedicated", "workload": alloc.name}
+            cpus = [{"id": c, "numa": self.topology.cpu(c).numa, "core": self.topology.cpu(c).core,
+                     **owner.get(c, {"pool": "unassigned", "workload": None}),
+                     "usage_millicpu": self.cpu_usage.get(c)} for c in self.topology.online_cpus()]
+            return {
+                "cgroup_version": self.driver.version, "cgroup_base": self.config.cgroup_base,
+                "pools": {k: format_cpulist(v) for k, v in pool.to_dict().items()},
+                "reclaim_cpus_target": self.state.reclaim_cpus, "reclaimed_cap_millicpu": self._cap_millicpu,
+                "workloads": len(self.state.allocations), "cpus": cpus, "counters": dict(self.counters),
+                "last_reconcile_ms": round(self.last_reconcile_ms, 3),
+                "state_file": self.store.path, "socket": self.config.socket_path,
+            }
+
+    # ---- the loop ----------------------------------------------------------
+
+    def tick(self, now: Optional[float] = None) -> None:
+        """One period of the loop (exposed for tests)."""
+        now = time.monotonic() if now is None else now
+        with self.lock:
+            base = self.config.cgroup_base
+            paths = {a.name: workload_path(base, a) for a in self.state.allocations}
+            sample = self.sampler.sample(now, [*paths.values(), f"{base}/reclaimed", f"{base}/dedicated",
+                                               f"{base}/shared", f"{base}/system"])
+            if sample is not None:
+                self.usage = sample.per_cgroup_millicpu
+                self.cpu_usage = sample.per_cpu_millicpu
+            self._release_empty(paths, now)
+            if self.config.resize and sample is not None:
+                self._resize(sample)
+            self.reconcile()
+
+    def _release_empty(self, paths: Dict[str, str], now: float) -> None:
+        state = self.state
+        for alloc in list(state.allocations):
+            if alloc.qos is QoS.SYSTEM:
+                continue
+            procs = self.driver.procs(paths[alloc.name])
+            if procs:
+                self.seen_procs[alloc.name] = True
+                continue
+            age = now - self.created_at.get(alloc.name, now)
+            if self.seen_procs.get(alloc.name) or age >= self.config.empty_grace:
+                log.info("releasing %s: its cgroup is empty", alloc.name)
+                state = state.without(alloc.name)
+                self.seen_procs.pop(alloc.name, None)
+                self.created_at.pop(alloc.name, None)
+                self.counters["released_empty"] += 1
+        if state is not self.state:
+            self._commit(state)
+
+    def _resize(self, sample) -> None:
+        base = self.config.cgroup_base
+        offline = sample.per_cgroup_millicpu.get(f"{base}/reclaimed", 0)
+        dedicated = sample.per_cgroup_millicpu.get(f"{base}/dedicated", 0)
+        online = max(0, sample.total_millicpu - offline - dedicated)
+        from agent.qrm.policy import _layout
+
+        lay = _layout(self.topology, self.state)
+        shared_target = self.sizer.update(online, lay.shared_need, len(lay.free))
+        lendable = len(pools(self.topology, self.state).lendable)
+        target = lendable + max(0, len(lay.free) - shared_target)
+        cap = self.sizer.headroom_millicpu((online, len(lay.free))) + lendable * 1000
+        self._cap_millicpu = max(10, cap)
+        if target != self.state.reclaim_cpus:
+            self._commit(self.state.with_reclaim_cpus(target))
+
+    # ---- run / stop --------------------------------------------------------
 
     def stop(self, *_args) -> None:
         self._stop.set()
 
+    def serve(self) -> None:
+        from agent.api import serve_agent
+
+        self._server = serve_agent(self, self.config.socket_path, self.config.tcp_port)
+
     def run(self) -> int:
         self.start()
+        self.serve()
+        self.echo(f"tidal agent: serving {self.config.socket_path}"
+                  + (f" and 127.0.0.1:{self.config.tcp_port}" if self.config.tcp_port else "")
+                  + f"; state {self.store.path}; pid {os.getpid()}; stop with SIGTERM or Ctrl-C")
         previous = {sig: signal.signal(sig, self.stop) for sig in (signal.SIGTERM, signal.SIGINT)}
         try:
-            while not self._stop.wait(1.0):
-                pass
+            while not self._stop.wait(self.config.period):
+                try:
+                    self.tick()
+                except TidalError as exc:
+                    log.error("reconcile loop: %s", exc)
+                except Exception:  # noqa: BLE001 - a bug in one period must not unconfine workloads
+                    log.exception("reconcile loop failed; continuing")
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
-        self.echo("tidal agent: stopped")
+            self.shutdown()
         return 0
+
+    def shutdown(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        if self.config.revert_on_exit and self.reconciler is not None:
+            with self.lock:
+                report = self.reconciler.revert()
+                self._commit(State(reserved=self.state.reserved))
+                try:
+                    os.unlink(self._originals_path())
+                except OSError:
+                    pass
+            self.echo(f"tidal agent: reverted: removed {len(report.removed)} cgroups, "
+                      f"restored {len(report.written)} values, {len(report.failed)} failures")
+        self.echo("tidal agent: stopped")

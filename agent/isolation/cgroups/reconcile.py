@@ -1,13 +1,16 @@
 """Reconcile the kernel's cgroups to a desired tree, writing only differences.
 
-1. Create missing cgroups, parents first.
-2. Widen cpusets top-down (each cgroup gets current | desired), so a child
+1. Remove cgroups of workloads that are gone (their leftover processes go
+   back to the parent cgroup Tidal was given, where they would be without
+   it); first, because a parent cannot narrow below a child that remains.
+2. Create missing cgroups, parents first.
+3. Widen cpusets top-down (each cgroup gets current | desired), so a child
    is never asked for cpus its parent lacks (v1 refuses that).
-3. Narrow cpusets bottom-up (each gets exactly desired), children before
+4. Narrow cpusets bottom-up (each gets exactly desired), children before
    parents for the same reason.
-4. Write every other knob whose file differs from the desired value.
-5. Remove cgroups of workloads that are gone (their leftover processes go
-   back to the parent cgroup Tidal was given, where they would be without it).
+5. Quotas the same way: raised top-down, lowered bottom-up (v1 refuses a
+   parent quota below a child's).
+6. Write every other knob whose file differs from the desired value.
 
 A file that differs although Tidal last wrote the desired value there was
 changed by someone else: it is rewritten and counted as a drift repair.
@@ -110,7 +113,15 @@ class Reconciler:
         report = ReconcileReport()
         version = self.driver.version
         self._find_drift(specs)
-        # 1. create, parents first
+        # 1. remove what is no longer wanted (first: a parent's cpuset cannot
+        #    narrow below a child that still exists)
+        wanted = {spec.path for spec in specs}
+        for root in self.managed_roots:
+            for child in self.driver.children(root):
+                path = f"{root}/{child}"
+                if path not in wanted:
+                    self._remove(report, path)
+        # 2. create, parents first
         for spec in specs:
             if not self.driver.exists(spec.path):
                 try:
@@ -119,7 +130,7 @@ class Reconciler:
                     report.created.append(spec.path)
                 except CgroupError as exc:
                     report.failed.append((spec.path, "", str(exc)))
-        # 2. widen cpusets top-down, 3. narrow bottom-up
+        # 3. widen cpusets top-down, 4. narrow bottom-up
         for spec in specs:
             for knob in CPUSET_KNOBS:
                 if knob in spec.knobs:
@@ -133,23 +144,42 @@ class Reconciler:
                 if knob in spec.knobs:
                     for controller, file, text in files_for(version, knob, spec.knobs[knob]):
                         self._write(report, spec.path, controller, file, text)
-        # 4. the other knobs
+        # 5. quotas like cpusets: v1 refuses a parent quota below a child's
+        #    (EINVAL), so raise top-down first, then lower bottom-up
+        for spec in specs:
+            if "cpu_max" in spec.knobs:
+                quota, period = spec.knobs["cpu_max"]
+                current = self._quota(spec.path)
+                if current is not None and (quota is None or (current != -1 and current < quota)):
+                    for controller, file, text in files_for(version, "cpu_max", (quota, period)):
+                        self._write(report, spec.path, controller, file, text, final=False)
+        for spec in reversed(specs):
+            if "cpu_max" in spec.knobs:
+                for controller, file, text in files_for(version, "cpu_max", spec.knobs["cpu_max"]):
+                    self._write(report, spec.path, controller, file, text)
+        # 6. the other knobs
         for spec in specs:
             for knob, value in spec.knobs.items():
-                if knob in CPUSET_KNOBS:
+                if knob in CPUSET_KNOBS or knob == "cpu_max":
                     continue
                 if knob == "cpu_idle" and not self.driver.features.get("cpu.idle"):
                     continue
                 for controller, file, text in files_for(version, knob, value):
                     self._write(report, spec.path, controller, file, text)
-        # 5. remove what is no longer wanted
-        wanted = {spec.path for spec in specs}
-        for root in self.managed_roots:
-            for child in self.driver.children(root):
-                path = f"{root}/{child}"
-                if path not in wanted:
-                    self._remove(report, path)
         return report
+
+    def _quota(self, path: str) -> Optional[int]:
+        """Current quota in microseconds (-1: none), ``None`` if unreadable."""
+        if self.driver.version == 1:
+            text = self.driver.read("cpu", path, "cpu.cfs_quota_us")
+            try:
+                return int(text) if text is not None else None
+            except ValueError:
+                return None
+        parts = (self.driver.read("", path, "cpu.max") or "").split()
+        if not parts:
+            return None
+        return -1 if parts[0] == "max" else int(parts[0])
 
     def _remove(self, report: ReconcileReport, path: str) -> None:
         for child in self.driver.children(path):

@@ -1,0 +1,1 @@
+"""Reporting: usage sampling, headroom (reclaimed capacity) and reports."""

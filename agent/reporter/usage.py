@@ -1,0 +1,51 @@
+"""Usage sampling: per-cpu busy time (psutil) and per-cgroup cpu time (cpuacct / cpu.stat).
+
+Rates are computed between two consecutive samples, in millicpu (1000 = one
+cpu fully busy), with the monotonic clock the caller passes in.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, Iterable, List, Optional
+
+import psutil
+
+
+def _busy_seconds(times) -> float:
+    return sum(getattr(times, name, 0.0) for name in ("user", "nice", "system", "irq", "softirq", "steal"))
+
+
+@dataclass
+class UsageSample:
+    per_cpu_millicpu: Dict[int, int] = field(default_factory=dict)
+    per_cgroup_millicpu: Dict[str, int] = field(default_factory=dict)
+    total_millicpu: int = 0
+
+
+class UsageSampler:
+    def __init__(self, cpu_usage_ns) -> None:
+        """``cpu_usage_ns(path) -> int | None`` reads a cgroup's cumulative cpu time."""
+        self._cgroup_usage = cpu_usage_ns
+        self._last_time: Optional[float] = None
+        self._last_cpu: Optional[List[float]] = None
+        self._last_cgroup: Dict[str, int] = {}
+
+    def sample(self, now: float, cgroups: Iterable[str]) -> Optional[UsageSample]:
+        """A sample of rates since the previous call (``None`` on the first call)."""
+        cpu_busy = [_busy_seconds(t) for t in psutil.cpu_times(percpu=True)]
+        cg_now = {}
+        for path in cgroups:
+            value = self._cgroup_usage(path)
+            if value is not None:
+                cg_now[path] = value
+        result = None
+        if self._last_time is not None and now > self._last_time:
+            elapsed = now - self._last_time
+            per_cpu = {i: max(0, min(1000, round((b - a) / elapsed * 1000)))
+                       for i, (a, b) in enumerate(zip(self._last_cpu or [], cpu_busy))}
+            per_cg = {p: max(0, round((v - self._last_cgroup[p]) / 1e9 / elapsed * 1000))
+                      for p, v in cg_now.items() if p in self._last_cgroup}
+            result = UsageSample(per_cpu, per_cg, sum(per_cpu.values()))
+        self._last_time, self._last_cpu, self._last_cgroup = now, cpu_busy, cg_now
+        return result
