@@ -171,5 +171,6 @@ def serve_agent(agent, socket_path: str, tcp_port: Optional[int] = None) -> Serv
         tcp.agent = agent
         servers.append(tcp)
     for server in servers:
-        threading.Thread(target=server.serve_forever, name="tidal-api", daemon=True).start()
+        threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, name="tidal-api",
+                         daemon=True).start()
     return Servers(servers, socket_path)

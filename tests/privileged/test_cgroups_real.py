@@ -1,0 +1,232 @@
+"""Real cgroups on this machine (root only): confinement, resizing, crash, drift, revert.
+
+Each test builds its own tree, ``tidal-test-<random>``, under the test
+process's own cgroup in every hierarchy, and removes it afterwards.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+
+from agent.client import AgentClient
+from agent.daemon import Agent, AgentConfig
+from agent.isolation.cgroups.detect import detect
+from agent.isolation.cgroups.driver import KernelCgroups
+from agent.isolation.cgroups.reconcile import Reconciler
+from agent.isolation.cgroups.recover import recover_state
+from agent.topology import HostFS, discover
+from agent.topology.parse import parse_cpulist
+from tests.conftest import privileged
+
+pytestmark = [pytest.mark.privileged, privileged]
+
+TOPO = discover(HostFS("/"), use_cpuinfo_lib=False)
+needs_two_cpus = pytest.mark.skipif(len(TOPO.online_cpus()) < 2, reason="needs at least 2 online cpus")
+
+
+def allowed(pid: int, field: str = "Cpus_allowed_list") -> set:
+    with open(f"/proc/{pid}/status") as handle:
+        for line in handle:
+            if line.startswith(field + ":"):
+                return set(parse_cpulist(line.split(":", 1)[1]))
+    raise AssertionError(f"no {field} for {pid}")
+
+
+def last_cpu(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as handle:
+        return int(handle.read().rsplit(")", 1)[1].split()[36])
+
+
+@pytest.fixture()
+def base():
+    name = f"tidal-test-{uuid.uuid4().hex[:8]}"
+    yield name
+    driver = KernelCgroups(detect(HostFS("/")), parent="self")
+    report = Reconciler(driver, name).revert()
+    assert not driver.exists(name), report.failed
+
+
+@pytest.fixture()
+def procs():
+    started = []
+
+    def spawn(*cmd):
+        proc = subprocess.Popen(list(cmd) or ["sleep", "60"])
+        started.append(proc)
+        return proc
+
+    yield spawn
+    for proc in started:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.fixture()
+def agent(tmp_path, base):
+    config = AgentConfig(socket_path=str(tmp_path / "a.sock"), state_dir=str(tmp_path / "state"),
+                         reserved_cpus=(), cgroup_base=base, cgroup_parent="self", empty_grace=3600, resize=False)
+    agent = Agent(config, echo=lambda line: None)
+    agent.start()
+    yield agent
+    agent.shutdown()
+
+
+HOG = [sys.executable, "-c", "while True: pass"]
+
+
+@needs_two_cpus
+def test_dedicated_process_has_exactly_its_cpus(agent, procs):
+    workload = agent.admit({"name": "web", "qos": "dedicated_cores", "cpus": 1})
+    sleeper = procs()
+    agent.attach("web", sleeper.pid)
+    want = set(agent.state.get("web").cpus)
+    assert allowed(sleeper.pid) == want == set(parse_cpulist(workload["cpus"]))
+    assert allowed(sleeper.pid, "Mems_allowed_list") == set(agent.state.get("web").mems)
+
+
+@needs_two_cpus
+def test_reclaimed_never_runs_on_dedicated_cpus(agent, procs):
+    agent.admit({"name": "web", "qos": "dedicated_cores", "cpus": 1})
+    agent.admit({"name": "hog", "qos": "reclaimed_cores", "millicpu": 1000})
+    hogs = [procs(*HOG) for _ in range(2)]
+    for hog in hogs:
+        agent.attach("hog", hog.pid)
+    dedicated = set(agent.state.get("web").cpus)
+    for hog in hogs:
+        assert not allowed(hog.pid) & dedicated
+    seen = set()
+    deadline = time.monotonic() + 1.5
+    while time.monotonic() < deadline:
+        for hog in hogs:
+            seen.add(last_cpu(hog.pid))
+        time.sleep(0.01)
+    assert seen and not seen & dedicated
+
+
+@needs_two_cpus
+def test_pool_resizing_moves_cpus_while_processes_run(tmp_path, base, procs):
+    from agent.isolation.cgroups.desired import CgroupOptions
+
+    config = AgentConfig(socket_path=str(tmp_path / "r.sock"), state_dir=str(tmp_path / "st"), reserved_cpus=(),
+                         cgroup_base=base, cgroup_parent="self", empty_grace=3600, resize=False,
+                         cgroup_options=CgroupOptions(harvest_shared=False))
+    agent = Agent(config, echo=lambda line: None)
+    agent.start()
+    try:
+        agent.admit({"name": "web", "qos": "shared_cores", "millicpu": 500})
+        agent.admit({"name": "batch", "qos": "reclaimed_cores", "millicpu": 500})
+        online, offline = procs(), procs(*HOG)
+        agent.attach("web", online.pid)
+        agent.attach("batch", offline.pid)
+        cpus = set(TOPO.online_cpus())
+        shared_before, reclaimed_before = allowed(online.pid), allowed(offline.pid)
+        assert not shared_before & reclaimed_before and shared_before | reclaimed_before == cpus
+        # online needs more: lend nothing
+        agent._commit(agent.state.with_reclaim_cpus(0))
+        report = agent.reconcile()
+        assert report.ok, report.failed
+        assert allowed(online.pid) == cpus  # the shared pool took every cpu back
+        assert offline.poll() is None  # offline kept running (parked on a throttled cpu)
+        # and lend again
+        agent._commit(agent.state.with_reclaim_cpus(None))
+        assert agent.reconcile().ok
+        assert allowed(online.pid) == shared_before and allowed(offline.pid) == reclaimed_before
+    finally:
+        agent.shutdown()
+
+
+@needs_two_cpus
+def test_drift_made_by_someone_else_is_repaired(agent, procs):
+    agent.admit({"name": "web", "qos": "dedicated_cores", "cpus": 1})
+    sleeper = procs()
+    agent.attach("web", sleeper.pid)
+    everything = ",".join(map(str, TOPO.online_cpus()))
+    for path in ("dedicated", "dedicated/web"):  # parent first, as v1 demands
+        directory = agent.driver.where(f"{agent.config.cgroup_base}/{path}")["cpuset"]
+        with open(os.path.join(directory, "cpuset.cpus"), "w") as handle:
+            handle.write(everything)
+    assert allowed(sleeper.pid) == set(TOPO.online_cpus())
+    agent.tick()
+    assert allowed(sleeper.pid) == set(agent.state.get("web").cpus)
+    assert agent.counters["drift_repairs"] == 2
+
+
+def test_attach_of_a_dead_pid_is_a_clear_error(agent):
+    from agent.errors import AdmissionError
+
+    agent.admit({"name": "web", "qos": "shared_cores", "millicpu": 100})
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    with pytest.raises(AdmissionError, match="no such process"):
+        agent.attach("web", dead.pid)
+
+
+def _start_agent(tmp_path, base, extra=()):
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "agent.cli", "agent", "--socket", str(tmp_path / "k.sock"), "--state-dir",
+         str(tmp_path / "kstate"), "--reserved-cpus", "none", "--cgroup-base", base, "--cgroup-parent", "self",
+         "--period", "0.2", "--no-resize", *extra],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 20
+    while not os.path.exists(tmp_path / "k.sock"):
+        assert proc.poll() is None, proc.stdout.read()
+        assert time.monotonic() < deadline, "agent did not start"
+        time.sleep(0.05)
+    return proc
+
+
+@needs_two_cpus
+def test_sigkill_of_the_agent_keeps_workloads_confined(tmp_path, base):
+    agent = _start_agent(tmp_path, base)
+    client = AgentClient(str(tmp_path / "k.sock"))
+    runner = subprocess.Popen([sys.executable, "-m", "agent.cli", "run", "--socket", str(tmp_path / "k.sock"),
+                               "--qos", "dedicated_cores", "--cpus", "1", "--name", "web", "--", "sleep", "60"])
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            workloads = client.request("GET", "/v1/workloads")["workloads"]
+            if workloads and workloads[0]["pids"]:
+                break
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        cpus = set(parse_cpulist(workloads[0]["cpus"]))
+        assert allowed(runner.pid) == cpus  # tidal run became `sleep` in the workload's cgroup
+        agent.send_signal(signal.SIGKILL)
+        agent.wait()
+        time.sleep(0.5)
+        assert runner.poll() is None and allowed(runner.pid) == cpus  # still running, still confined
+        os.unlink(tmp_path / "k.sock")  # a SIGKILLed agent leaves its socket; a restart must cope either way
+        agent = _start_agent(tmp_path, base)
+        workloads = client.request("GET", "/v1/workloads")["workloads"]
+        assert [(w["name"], set(parse_cpulist(w["cpus"])), w["pids"]) for w in workloads] == [
+            ("web", cpus, [runner.pid])]
+        driver = KernelCgroups(detect(HostFS("/")), parent="self")
+        kernel = recover_state(driver, base, TOPO)
+        state = json.loads((tmp_path / "kstate" / "checkpoint.json").read_text())["data"]
+        assert [(a.name, list(a.cpus)) for a in kernel.allocations] == [
+            (a["name"], a["cpus"]) for a in state["allocations"]]
+    finally:
+        runner.kill()
+        runner.wait()
+        agent.send_signal(signal.SIGTERM)
+        agent.wait(timeout=20)
+
+
+def test_revert_on_exit_leaves_no_trace(tmp_path, base):
+    driver = KernelCgroups(detect(HostFS("/")), parent="self")
+    agent = _start_agent(tmp_path, base, ["--revert"])
+    client = AgentClient(str(tmp_path / "k.sock"))
+    client.request("POST", "/v1/workloads", {"name": "x", "qos": "shared_cores", "millicpu": 100})
+    assert driver.exists(f"{base}/shared/x")
+    agent.send_signal(signal.SIGTERM)
+    out, _ = agent.communicate(timeout=20)
+    assert agent.returncode == 0 and "reverted" in out
+    for directory in driver.where(base).values():
+        assert not os.path.exists(directory)

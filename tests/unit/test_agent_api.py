@@ -1,0 +1,168 @@
+"""The agent's API and CLI against an in-process agent whose kernel writes are recorded."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+from agent.cli import main
+from agent.client import AgentClient
+from agent.daemon import Agent, AgentConfig
+from agent.isolation.cgroups.driver import RecordingCgroups
+from agent.topology.synthetic import Shape, build_topology
+
+TOPO = build_topology(Shape(sockets=1, numa_per_socket=2, cores_per_numa=4, threads_per_core=2))
+
+
+@pytest.fixture()
+def agent(tmp_path):
+    config = AgentConfig(socket_path=str(tmp_path / "a.sock"), state_dir=str(tmp_path / "state"), empty_grace=3600)
+    driver = RecordingCgroups(version=1)
+    agent = Agent(config, echo=lambda line: None, driver=driver, topology=TOPO)
+    agent.start()
+    agent.serve()
+    yield agent
+    agent.shutdown()
+
+
+def client(agent):
+    return AgentClient(agent.config.socket_path, timeout=10)
+
+
+def test_socket_is_private(agent):
+    assert oct(os.stat(agent.config.socket_path).st_mode & 0o777) == "0o600"
+
+
+def test_admit_list_attach_release(agent):
+    c = client(agent)
+    status, body = c.call("POST", "/v1/workloads", {"name": "web", "qos": "dedicated_cores", "cpus": 2})
+    assert status == 201 and body["workload"]["cpus"] and body["workload"]["cgroup"] == "tidal/dedicated/web"
+    assert agent.driver.exists("tidal/dedicated/web")
+    status, body = c.call("POST", "/v1/workloads/web/attach", {"pid": os.getpid()})
+    assert status == 200 and os.getpid() in agent.driver.procs("tidal/dedicated/web")
+    names = [w["name"] for w in c.request("GET", "/v1/workloads")["workloads"]]
+    assert names == ["web"]
+    status, _ = c.call("DELETE", "/v1/workloads/web")
+    assert status == 200 and not agent.driver.exists("tidal/dedicated/web")
+    assert agent.store.load(TOPO).state.allocations == ()  # the checkpoint follows
+
+
+@pytest.mark.parametrize("method,path,body,status,message", [
+    ("POST", "/v1/workloads", {"name": "x", "qos": "gold_cores", "cpus": 1}, 400, "unknown qos"),
+    ("POST", "/v1/workloads", {"name": "x", "qos": "dedicated_cores", "cpus": 0}, 400, "must be positive"),
+    ("POST", "/v1/workloads", {"name": "x", "qos": "dedicated_cores", "cpus": 1.5}, 400, "whole cpus"),
+    ("POST", "/v1/workloads", [1, 2], 400, "JSON object"),
+    ("POST", "/v1/workloads", {"name": "x", "qos": "dedicated_cores", "cpus": 999}, 422, "asks 999 cpus"),
+    ("DELETE", "/v1/workloads/ghost", None, 404, "no workload named 'ghost'"),
+    ("POST", "/v1/workloads/ghost/attach", {"pid": 1}, 404, "no workload"),
+    ("GET", "/v2/everything", None, 404, "no such path"),
+], ids=["unknown-qos", "zero-cpus", "fractional", "not-object", "larger-than-node", "release-unknown",
+        "attach-unknown", "bad-path"])
+def test_bad_requests_are_4xx_json_and_change_nothing(agent, method, path, body, status, message):
+    before = (agent.state, dict(agent.driver.files))
+    got, data = client(agent).call(method, path, body)
+    assert got == status and message in data["error"]
+    assert (agent.state, dict(agent.driver.files)) == before
+
+
+def test_malformed_body_and_name_in_use(agent):
+    c = client(agent)
+    import http.client
+    import socket
+
+    class Raw(http.client.HTTPConnection):
+        def connect(self):
+            self.sock = socket.socket(socket.AF_UNIX)
+            self.sock.connect(agent.config.socket_path)
+
+    conn = Raw("localhost")
+    conn.request("POST", "/v1/workloads", body=b'{"name": ', headers={"Content-Type": "application/json"})
+    response = conn.getresponse()
+    assert response.status == 400 and "malformed JSON" in json.loads(response.read())["error"]
+    c.request("POST", "/v1/workloads", {"name": "a", "qos": "shared_cores", "millicpu": 500})
+    status, data = c.call("POST", "/v1/workloads", {"name": "a", "qos": "shared_cores", "millicpu": 500})
+    assert status == 409 and "already in use" in data["error"]
+    status, data = c.call("POST", "/v1/workloads/a/attach", {"pid": -4})
+    assert status == 400 and "positive integer" in data["error"]
+    status, data = c.call("POST", "/v1/workloads/a/attach", {"pid": 2 ** 22 + 12345})
+    assert status in (200, 400)  # the recording driver accepts any pid; the kernel test covers ESRCH
+
+
+def test_empty_workloads_are_released(tmp_path):
+    config = AgentConfig(socket_path=str(tmp_path / "b.sock"), state_dir=str(tmp_path / "s"), empty_grace=5)
+    agent = Agent(config, echo=lambda line: None, driver=RecordingCgroups(), topology=TOPO)
+    agent.start()
+    agent.admit({"name": "gone", "qos": "shared_cores", "millicpu": 100})
+    agent.admit({"name": "young", "qos": "shared_cores", "millicpu": 100})
+    agent.attach("gone", 4242)
+    agent.tick()
+    assert set(agent.state.names()) == {"gone", "young"}
+    agent.driver.members["tidal/shared/gone"].clear()  # its process exited
+    agent.tick()
+    assert agent.state.names() == ["young"]  # never had a process, still within its grace
+    agent.tick(now=agent.created_at["young"] + 6)
+    assert agent.state.names() == []
+    assert agent.counters["released_empty"] == 2
+
+
+def test_restart_reloads_state_and_reconciles(tmp_path):
+    config = AgentConfig(socket_path=str(tmp_path / "c.sock"), state_dir=str(tmp_path / "s"), empty_grace=3600)
+    driver = RecordingCgroups()
+    first = Agent(config, echo=lambda line: None, driver=driver, topology=TOPO)
+    first.start()
+    first.admit({"name": "web", "qos": "dedicated_cores", "cpus": 2})
+    # the agent dies; someone narrows the workload's cpuset meanwhile
+    driver.files["tidal/dedicated/web"][("cpuset", "cpuset.cpus")] = "7"
+    second = Agent(config, echo=lambda line: None, driver=driver, topology=TOPO)
+    second.start()
+    assert second.state == first.state
+    cpus = ",".join(map(str, first.state.get("web").cpus))
+    from agent.topology.parse import format_cpulist
+    assert driver.files["tidal/dedicated/web"][("cpuset", "cpuset.cpus")] == format_cpulist(first.state.get("web").cpus)
+
+
+def test_cli_ps_status_release(agent):
+    c = client(agent)
+    c.request("POST", "/v1/workloads", {"name": "web", "qos": "dedicated_cores", "cpus": 2})
+    c.request("POST", "/v1/workloads", {"name": "off", "qos": "reclaimed_cores", "millicpu": 500, "tier": "min"})
+    runner = CliRunner()
+    sock = agent.config.socket_path
+    out = runner.invoke(main, ["ps", "--socket", sock])
+    assert out.exit_code == 0 and "web" in out.output and "reclaimed_cores" in out.output
+    data = json.loads(runner.invoke(main, ["ps", "--socket", sock, "--json"]).output)
+    assert {w["name"]: w["tier"] for w in data} == {"web": None, "off": "min"}
+    out = runner.invoke(main, ["status", "--socket", sock])
+    assert out.exit_code == 0 and "dedicated  web" in out.output.replace("  ", "  ")
+    status = json.loads(runner.invoke(main, ["status", "--socket", sock, "--json"]).output)
+    owners = {c["id"]: (c["pool"], c["workload"]) for c in status["cpus"]}
+    assert all(owners[cpu] == ("dedicated", "web") for cpu in agent.state.get("web").cpus)
+    out = runner.invoke(main, ["release", "--socket", sock, "web"])
+    assert out.exit_code == 0 and agent.state.get("web") is None
+    out = runner.invoke(main, ["release", "--socket", sock, "web"])
+    assert out.exit_code == 2 and "no workload named 'web'" in out.output
+
+
+def test_cli_without_agent_is_one_clear_line(tmp_path):
+    out = CliRunner().invoke(main, ["ps", "--socket", str(tmp_path / "none.sock")])
+    assert out.exit_code == 2
+    assert out.output.strip().startswith("tidal: error: no agent at") and len(out.output.strip().splitlines()) == 1
+
+
+def test_tidal_run_execs_and_keeps_the_exit_status(agent):
+    sock = agent.config.socket_path
+    proc = subprocess.run([sys.executable, "-m", "agent.cli", "run", "--socket", sock, "--qos", "shared_cores",
+                           "--millicpu", "250", "--name", "job", "--", "sh", "-c", "echo hi; exit 3"],
+                          capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 3 and proc.stdout == "hi\n"
+    moved = [op for op in agent.driver.ops if op[0] == "move" and op[1] == "tidal/shared/job"]
+    assert len(moved) == 1
+    proc = subprocess.run([sys.executable, "-m", "agent.cli", "run", "--socket", sock, "--qos", "dedicated_cores",
+                           "--cpus", "64", "--", "true"], capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 2 and "asks 64 cpus" in proc.stderr
+    proc = subprocess.run([sys.executable, "-m", "agent.cli", "run", "--socket", sock, "--name", "nocmd", "--",
+                           "/no/such/binary"], capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 127 and "cannot run" in proc.stderr
+    assert agent.state.get("nocmd") is None  # released again

@@ -1,0 +1,246 @@
+"""cgroup isolation without touching the host: knob table, detection, desired tree,
+reconciler ordering on a recording driver, v2 files on a fake unified tree, recovery."""
+
+import os
+
+import pytest
+
+from agent.isolation.cgroups.desired import CgroupOptions, desired_tree
+from agent.isolation.cgroups.detect import CgroupError, detect
+from agent.isolation.cgroups.driver import KernelCgroups, RecordingCgroups
+from agent.isolation.cgroups.knobs import files_for, normalize, shares_to_weight, weight_to_shares
+from agent.isolation.cgroups.layout import kubelet_container_path, kubelet_pod_path
+from agent.isolation.cgroups.reconcile import Reconciler
+from agent.isolation.cgroups.recover import recover_state
+from agent.qrm.policy import allocate, initial_state, pools
+from agent.qrm.requests import parse_request
+from agent.topology import HostFS
+from agent.topology.synthetic import Shape, build_topology
+
+TOPO = build_topology(Shape(sockets=1, numa_per_socket=2, cores_per_numa=4, threads_per_core=2))
+
+
+def state_of(*docs, reserved=None):
+    state = initial_state(TOPO, reserved)
+    for doc in docs:
+        decision = allocate(TOPO, state, parse_request(doc))
+        state = state.with_allocation(decision)
+    return state
+
+
+STATE = state_of({"name": "web", "qos": "dedicated_cores", "cpus": 4, "numa_binding": True},
+                 {"name": "api", "qos": "shared_cores", "millicpu": 1500},
+                 {"name": "batch", "qos": "reclaimed_cores", "millicpu": 2000, "tier": "min"})
+
+
+@pytest.mark.parametrize("shares,weight", [(2, 1), (1024, 39), (262144, 10000), (512, 20)],
+                         ids=["min", "one-cpu", "max", "half"])
+def test_shares_weight_conversion(shares, weight):
+    assert shares_to_weight(shares) == weight
+    assert abs(weight_to_shares(weight) - shares) <= 27  # the integer conversion rounds within one weight step
+
+
+@pytest.mark.parametrize("version,knob,value,expected", [
+    (1, "cpus", "0-3", [("cpuset", "cpuset.cpus", "0-3")]),
+    (2, "cpus", (0, 1, 2, 3), [("", "cpuset.cpus", "0-3")]),
+    (1, "cpu_shares", 1536, [("cpu", "cpu.shares", "1536")]),
+    (2, "cpu_shares", 1024, [("", "cpu.weight", "39")]),
+    (1, "cpu_max", (150000, 100000), [("cpu", "cpu.cfs_period_us", "100000"), ("cpu", "cpu.cfs_quota_us", "150000")]),
+    (2, "cpu_max", (None, 100000), [("", "cpu.max", "max 100000")]),
+    (1, "cpu_idle", 1, [("cpu", "cpu.idle", "1")]),
+    (1, "memory_max", None, [("memory", "memory.limit_in_bytes", "-1")]),
+    (2, "memory_max", 1 << 30, [("", "memory.max", "1073741824")]),
+    (2, "memory_high", None, [("", "memory.high", "max")]),
+    (1, "memory_high", 1 << 30, []),
+    (2, "partition", "isolated", [("", "cpuset.cpus.partition", "isolated")]),
+    (1, "partition", "isolated", []),
+], ids=["v1-cpus", "v2-cpus", "v1-shares", "v2-weight", "v1-quota", "v2-max", "v1-idle", "v1-mem-none",
+        "v2-mem", "v2-high-none", "v1-no-high", "v2-partition", "v1-no-partition"])
+def test_knob_table(version, knob, value, expected):
+    assert files_for(version, knob, value) == expected
+
+
+def test_normalize():
+    assert normalize("cpuset.cpus", "0,1,2,3\n") == "0-3"
+    assert normalize("memory.limit_in_bytes", "9223372036854771712\n") == "-1"
+    assert normalize("cpuset.cpus.partition", "member invalid\n") == "member"
+
+
+def _mounts_tree(tmp_path, text, files=()):
+    (tmp_path / "proc/self").mkdir(parents=True)
+    (tmp_path / "proc/self/mounts").write_text(text)
+    for path, content in files:
+        full = tmp_path / path.lstrip("/")
+        full.parent.mkdir(parents=True, exist_ok=True)
+        full.write_text(content)
+    return HostFS(str(tmp_path))
+
+
+def test_detect_v1_hybrid_as_on_this_machine(tmp_path):
+    fs = _mounts_tree(tmp_path, "cgroup2 /sys/fs/cgroup/unified cgroup2 rw 0 0\n"
+                                "cgroup /sys/fs/cgroup/cpu cgroup rw,cpu 0 0\n"
+                                "cgroup /sys/fs/cgroup/cpuset cgroup rw,cpuset 0 0\n"
+                                "cgroup /sys/fs/cgroup/memory cgroup rw,memory 0 0\n",
+                      [("/sys/fs/cgroup/unified/cgroup.controllers", "\n"), ("/sys/fs/cgroup/cpu/cpu.idle", "0\n")])
+    mounts = detect(fs)
+    assert mounts.version == 1 and mounts.unified == "/sys/fs/cgroup/unified"
+    assert mounts.mounts["cpuset"] == "/sys/fs/cgroup/cpuset" and mounts.features["cpu.idle"]
+
+
+def test_detect_v2(tmp_path):
+    fs = _mounts_tree(tmp_path, "cgroup2 /sys/fs/cgroup cgroup2 rw,nsdelegate 0 0\n",
+                      [("/sys/fs/cgroup/cgroup.controllers", "cpuset cpu io memory pids\n"),
+                       ("/sys/fs/cgroup/init.scope/cpu.idle", "0\n")])
+    mounts = detect(fs)
+    assert mounts.version == 2 and mounts.mount_of("cpu") == "/sys/fs/cgroup" and mounts.features["cpu.idle"]
+
+
+def test_detect_nothing_usable(tmp_path):
+    fs = _mounts_tree(tmp_path, "proc /proc proc rw 0 0\n")
+    with pytest.raises(CgroupError, match="no usable cgroups"):
+        detect(fs)
+
+
+def test_detect_live_host():
+    mounts = detect(HostFS("/"))
+    assert mounts.version in (1, 2)
+
+
+def test_desired_tree_shape():
+    pool = pools(TOPO, STATE)
+    specs = {s.path: s.knobs for s in desired_tree(TOPO, STATE, pool, CgroupOptions(), {"cpu.idle": True,
+                                                                                       "memory": True})}
+    web = STATE.get("web")
+    assert specs["tidal/dedicated/web"]["cpus"] == "1-2,9-10" == ",".join(
+        ["1-2", "9-10"]) and len(web.cpus) == 4
+    assert specs["tidal/dedicated/web"]["mems"] == "0"
+    assert specs["tidal/shared/api"]["cpu_shares"] == 1536
+    assert specs["tidal/reclaimed"]["cpu_idle"] == 1
+    # reclaimed work runs on the reclaim pool plus the shared pool (at idle priority), never on dedicated cpus
+    reclaimed = set(map(int, __import__("agent.topology.parse", fromlist=["x"]).parse_cpulist(
+        specs["tidal/reclaimed"]["cpus"])))
+    assert reclaimed == set(pool.reclaimed) | set(pool.shared) and not reclaimed & set(web.cpus)
+    assert specs["tidal/reclaimed/min/batch"]["cpu_max"] == (200000, 100000)
+    assert specs["tidal/reclaimed/min"]["cpu_shares"] == 256
+
+
+def test_without_cpu_idle_reclaimed_stays_off_the_shared_pool():
+    pool = pools(TOPO, STATE)
+    specs = {s.path: s.knobs for s in desired_tree(TOPO, STATE, pool, CgroupOptions(), {"cpu.idle": False})}
+    assert "cpu_idle" not in specs["tidal/reclaimed"] and specs["tidal/reclaimed"]["cpu_shares"] == 2
+    from agent.topology.parse import format_cpulist
+    assert specs["tidal/reclaimed"]["cpus"] == format_cpulist(pool.reclaimed)
+
+
+def test_reconciler_orders_cpuset_writes_and_writes_only_differences():
+    driver = RecordingCgroups(version=1)
+    rec = Reconciler(driver, "tidal")
+    pool = pools(TOPO, STATE)
+    specs = desired_tree(TOPO, STATE, pool, CgroupOptions(), driver.features)
+    report = rec.apply(specs)
+    assert report.ok and "tidal/dedicated/web" in report.created
+    # a child's cpuset is never written before its parent holds those cpus
+    held = {}
+    for op in driver.ops:
+        if op[0] == "write" and op[3] == "cpuset.cpus":
+            path, text = op[1], op[4]
+            from agent.topology.parse import parse_cpulist
+            cpus = set(parse_cpulist(text))
+            parent = path.rsplit("/", 1)[0] if "/" in path else None
+            if parent in held:
+                assert cpus <= held[parent], (path, text, held[parent])
+            held[path] = cpus
+    again = rec.apply(specs)
+    assert again.written == [] and again.created == []
+    # move cpus: release web, grow the shared pool; the old child is removed before its parent narrows
+    state2 = STATE.without("web")
+    driver.ops.clear()
+    report = rec.apply(desired_tree(TOPO, state2, pools(TOPO, state2), CgroupOptions(), driver.features))
+    assert report.ok and report.removed == ["tidal/dedicated/web"]
+    kinds = [op[0] for op in driver.ops]
+    assert kinds.index("remove") < kinds.index("write")
+
+
+def test_drift_is_repaired_and_counted():
+    driver = RecordingCgroups(version=1)
+    rec = Reconciler(driver, "tidal")
+    specs = desired_tree(TOPO, STATE, pools(TOPO, STATE), CgroupOptions(), driver.features)
+    rec.apply(specs)
+    driver.files["tidal/dedicated/web"][("cpuset", "cpuset.cpus")] = "0-15"
+    driver.files["tidal/reclaimed"][("cpu", "cpu.idle")] = "0"
+    report = rec.apply(specs)
+    assert sorted((p, f) for p, f, _, _ in report.repaired) == [
+        ("tidal/dedicated/web", "cpuset.cpus"), ("tidal/reclaimed", "cpu.idle")]
+    assert driver.files["tidal/dedicated/web"][("cpuset", "cpuset.cpus")] == "1-2,9-10"
+
+
+def test_v1_quota_is_lowered_children_first():
+    driver = RecordingCgroups(version=1)
+    rec = Reconciler(driver, "tidal")
+    pool = pools(TOPO, STATE)
+    rec.apply(desired_tree(TOPO, STATE, pool, CgroupOptions(reclaimed_cap_millicpu=8000), driver.features))
+    driver.ops.clear()
+    rec.apply(desired_tree(TOPO, STATE, pool, CgroupOptions(reclaimed_cap_millicpu=500), driver.features))
+    quota_writes = [op[1] for op in driver.ops if op[0] == "write" and op[3] == "cpu.cfs_quota_us"]
+    assert quota_writes == ["tidal/reclaimed/min/batch", "tidal/reclaimed"]
+    assert driver.files["tidal/reclaimed/min/batch"][("cpu", "cpu.cfs_quota_us")] == "50000"  # clamped to the cap
+
+
+def test_v2_on_a_fake_unified_tree_writes_exact_files(tmp_path):
+    root = tmp_path
+    (root / "proc/self").mkdir(parents=True)
+    (root / "proc/self/mounts").write_text("cgroup2 /sys/fs/cgroup cgroup2 rw 0 0\n")
+    cg = root / "sys/fs/cgroup"
+    cg.mkdir(parents=True)
+    (cg / "cgroup.controllers").write_text("cpuset cpu io memory pids\n")
+    (cg / "cgroup.subtree_control").write_text("\n")
+    fs = HostFS(str(root))
+    mounts = detect(fs)
+    assert mounts.version == 2
+    driver = KernelCgroups(mounts, fs)
+    driver.features["cpu.idle"] = True
+    rec = Reconciler(driver, "tidal")
+    report = rec.apply(desired_tree(TOPO, STATE, pools(TOPO, STATE), CgroupOptions(reclaimed_memory_high=1 << 30),
+                                    driver.features))
+    assert report.ok, report.failed
+    read = lambda rel: (cg / rel).read_text().strip()
+    assert read("tidal/dedicated/web/cpuset.cpus") == "1-2,9-10"
+    assert read("tidal/dedicated/web/cpuset.mems") == "0"
+    assert read("tidal/dedicated/web/cpu.weight") == str(shares_to_weight(4096))
+    assert read("tidal/shared/api/cpu.weight") == "59"  # 1536 shares
+    assert read("tidal/reclaimed/cpu.idle") == "1"
+    assert read("tidal/reclaimed/memory.max") == "max" and read("tidal/reclaimed/memory.high") == "1073741824"
+    assert read("tidal/reclaimed/min/batch/cpu.max") == "200000 100000"
+    assert read("tidal/reclaimed/min/cpu.weight") == str(shares_to_weight(256))
+    # a plain file keeps only the last of the "+cpuset", "+cpu", "+memory" writes a kernel would accumulate
+    assert read("cgroup.subtree_control") == "+memory"
+
+
+def test_recover_state_from_the_tree():
+    driver = RecordingCgroups(version=1)
+    rec = Reconciler(driver, "tidal")
+    rec.apply(desired_tree(TOPO, STATE, pools(TOPO, STATE), CgroupOptions(), driver.features))
+    state = recover_state(driver, "tidal", TOPO)
+    got = {(a.name, a.qos.value, a.millicpu, a.cpus, a.mems, a.tier.value) for a in state.allocations}
+    want = {(a.name, a.qos.value, a.millicpu, a.cpus, a.mems, a.tier.value) for a in STATE.allocations}
+    assert got == want and state.reserved == STATE.reserved
+    assert recover_state(RecordingCgroups(), "tidal", TOPO) is None
+
+
+@pytest.mark.parametrize("driver,qos,uid,cid,expected", [
+    ("cgroupfs", "Burstable", "1234-ab", "containerd://c0ffee", "kubepods/burstable/pod1234-ab/c0ffee"),
+    ("cgroupfs", "Guaranteed", "1234-ab", "c0ffee", "kubepods/pod1234-ab/c0ffee"),
+    ("systemd", "BestEffort", "1234-ab", "containerd://c0ffee",
+     "kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod1234_ab.slice/cri-containerd-c0ffee.scope"),
+    ("systemd", "Guaranteed", "1234-ab", "cri-o://beef",
+     "kubepods.slice/kubepods-pod1234_ab.slice/crio-beef.scope"),
+], ids=["cgroupfs-burstable", "cgroupfs-guaranteed", "systemd-besteffort-containerd", "systemd-guaranteed-crio"])
+def test_kubelet_paths(driver, qos, uid, cid, expected):
+    assert kubelet_container_path(driver, qos, uid, cid) == expected
+
+
+def test_kubelet_paths_reject_unknowns():
+    with pytest.raises(ValueError, match="cgroup driver"):
+        kubelet_pod_path("openrc", "Burstable", "x")
+    with pytest.raises(ValueError, match="QoS class"):
+        kubelet_pod_path("systemd", "Gold", "x")
