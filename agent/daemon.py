@@ -36,7 +36,7 @@ from agent.isolation.cgroups.layout import workload_path
 from agent.isolation.cgroups.reconcile import Reconciler, ReconcileReport
 from agent.isolation.cgroups.recover import recover_state
 from agent.qrm.model import Allocation, QoS, Rejection
-from agent.qrm.policy import State, allocate, effective_cpus, pools, release
+from agent.qrm.policy import State, _layout, allocate, effective_cpus, pools, release
 from agent.qrm.requests import parse_request
 from agent.qrm.state import CheckpointStore
 from agent.reporter.headroom import ReclaimSizer
@@ -63,6 +63,7 @@ class AgentConfig:
     empty_grace: float = 30.0  # a new workload's cgroup may stay empty this long before release
     resize: bool = True  # resize the reclaim pool from usage
     revert_on_exit: bool = False
+    record_cgroups: bool = False  # keep cgroup writes in memory (dry runs, end-to-end tests off the host)
     cgroup_options: CgroupOptions = field(default_factory=CgroupOptions)
 
 
@@ -101,7 +102,6 @@ class Agent:
         self.last_reconcile_ms = 0.0
         self._stop = threading.Event()
         self._server = None
-        self._cap_millicpu: Optional[int] = None
 
     # ---- start -------------------------------------------------------------
 
@@ -109,6 +109,10 @@ class Agent:
         cfg = self.config
         if self.topology is None:
             self.topology = discover(HostFS(cfg.root))
+        if self.driver is None and cfg.record_cgroups:
+            from agent.isolation.cgroups.driver import RecordingCgroups
+
+            self.driver = RecordingCgroups(version=1)
         if self.driver is None:
             mounts = detect(HostFS(cfg.root))
             self.driver = KernelCgroups(mounts, HostFS(cfg.root), parent=cfg.cgroup_parent)
@@ -127,7 +131,7 @@ class Agent:
             if clash:
                 raise AdmissionError(f"reserved cpus {format_cpulist(clash)} are held by dedicated workloads")
             state = replace(state, reserved=check.reserved)
-        self.state = state
+        self.state = self._with_capacity(state)
         self._load_originals()
         now = time.monotonic()
         for alloc in self.state.allocations:
@@ -169,7 +173,7 @@ class Agent:
             start = time.perf_counter()
             pool = pools(self.topology, self.state)
             options = replace(self.config.cgroup_options, base=self.config.cgroup_base,
-                              reclaimed_cap_millicpu=self._cap_millicpu)
+                              reclaimed_cap_millicpu=self.state.reclaim_millicpu)
             specs = desired_tree(self.topology, self.state, pool, options, self.driver.features)
             report = self.reconciler.apply(specs)
             self.last_reconcile_ms = (time.perf_counter() - start) * 1000
@@ -192,12 +196,13 @@ class Agent:
     def admit(self, doc: Any) -> Dict[str, Any]:
         request = parse_request(doc)  # AdmissionError -> 400
         with self.lock:
+            self.state = self._with_capacity(self.state)
             decision = allocate(self.topology, self.state, request)
             if isinstance(decision, Rejection):
                 if "already in use" in decision.reason:
                     raise Conflict(decision.reason)
                 raise Unfit(f"{decision.name}: {decision.reason}")
-            self._commit(self.state.with_allocation(decision))
+            self._commit(self._with_capacity(self.state.with_allocation(decision)))
             self.created_at[decision.name] = time.monotonic()
             self.seen_procs[decision.name] = False
             report = self.reconcile()
@@ -212,7 +217,7 @@ class Agent:
         with self.lock:
             if self.state.get(name) is None:
                 raise NotFound(f"no workload named {name!r}")
-            self._commit(release(self.state, name))
+            self._commit(self._with_capacity(release(self.state, name)))
             self.seen_procs.pop(name, None)
             self.created_at.pop(name, None)
             self.reconcile()
@@ -278,7 +283,7 @@ class Agent:
             return {
                 "cgroup_version": self.driver.version, "cgroup_base": self.config.cgroup_base,
                 "pools": {k: format_cpulist(v) for k, v in pool.to_dict().items()},
-                "reclaim_cpus_target": self.state.reclaim_cpus, "reclaimed_cap_millicpu": self._cap_millicpu,
+                "reclaim_cpus_target": self.state.reclaim_cpus, "reclaimed_capacity_millicpu": self.state.reclaim_millicpu,
                 "workloads": len(self.state.allocations), "cpus": cpus, "counters": dict(self.counters),
                 "last_reconcile_ms": round(self.last_reconcile_ms, 3),
                 "state_file": self.store.path, "socket": self.config.socket_path,
@@ -326,16 +331,34 @@ class Agent:
         offline = sample.per_cgroup_millicpu.get(f"{base}/reclaimed", 0)
         dedicated = sample.per_cgroup_millicpu.get(f"{base}/dedicated", 0)
         online = max(0, sample.total_millicpu - offline - dedicated)
-        from agent.qrm.policy import _layout
-
         lay = _layout(self.topology, self.state)
         shared_target = self.sizer.update(online, lay.shared_need, len(lay.free))
         lendable = len(pools(self.topology, self.state).lendable)
         target = lendable + max(0, len(lay.free) - shared_target)
-        cap = self.sizer.headroom_millicpu((online, len(lay.free))) + lendable * 1000
-        self._cap_millicpu = max(10, cap)
-        if target != self.state.reclaim_cpus:
-            self._commit(self.state.with_reclaim_cpus(target))
+        state = self.state
+        if target != state.reclaim_cpus:
+            state = state.with_reclaim_cpus(target)
+        state = self._with_capacity(state)
+        if state != self.state:
+            self._commit(state)
+
+    def _harvests_shared(self) -> bool:
+        return bool(self.driver.features.get("cpu.idle")) and self.config.cgroup_options.harvest_shared
+
+    def _with_capacity(self, state: State) -> State:
+        """The reclaimed capacity (millicpu) for ``state``: lent cpus, plus, where
+        offline work may take the shared pool's idle time at idle priority, the
+        free cpus less online demand: recent peak usage x (1 + buffer), which
+        reclaims what online requested but does not use; before any usage
+        sample, the shared requests stand in."""
+        pool = pools(self.topology, state)
+        if not self._harvests_shared():
+            return state.with_reclaim_capacity(len(pool.reclaimed) * 1000)
+        lay = _layout(self.topology, state)
+        measured = self.sizer.demand_millicpu()
+        demand = state.totals.shared_millicpu if measured is None else measured
+        capacity = len(pool.lendable) * 1000 + max(0, len(lay.free) * 1000 - demand)
+        return state.with_reclaim_capacity(capacity)
 
     # ---- run / stop --------------------------------------------------------
 

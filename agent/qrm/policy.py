@@ -13,7 +13,10 @@ Pools (derived from the state, never stored; see ``pools``):
   minus what is lent to reclaim, and never smaller than the shared requests
   need (sum of millicpu, rounded up to whole cpus).
 * reclaimed: lent cpus, up to ``state.reclaim_cpus`` (``None``: as many as
-  possible). Lent first: held cpus and dedicated cpus whose owner allows it
+  possible). Reclaimed requests are admitted against ``state.reclaim_millicpu``
+  (the headroom the agent measures, which may include the shared pool's idle
+  time where the kernel lets offline work take it at idle priority), else
+  against the reclaim pool's cpus. Lent first: held cpus and dedicated cpus whose owner allows it
   (``reclaim_allowed``); then whole cores carved from the shared pool's
   far end (highest NUMA node, highest core), so the carve grows and shrinks
   at one edge and the rest of the shared pool stays put.
@@ -90,6 +93,7 @@ class State:
     reserved: Tuple[int, ...]
     allocations: Tuple[Allocation, ...] = ()
     reclaim_cpus: Optional[int] = None
+    reclaim_millicpu: Optional[int] = None  # reclaimed capacity (headroom); None: the reclaim pool's cpus
 
     @property
     def totals(self) -> _Totals:
@@ -121,6 +125,11 @@ class State:
 
     def with_reclaim_cpus(self, cpus: Optional[int]) -> "State":
         new = replace(self, reclaim_cpus=cpus)
+        object.__setattr__(new, "_totals", self.totals)
+        return new
+
+    def with_reclaim_capacity(self, millicpu: Optional[int]) -> "State":
+        new = replace(self, reclaim_millicpu=millicpu)
         object.__setattr__(new, "_totals", self.totals)
         return new
 
@@ -214,6 +223,14 @@ def pools(topo: Topology, state: State) -> Pools:
         lendable=tuple(sorted(lendable)))
 
 
+def reclaimed_capacity(topo: Topology, state: State) -> int:
+    """Millicpu reclaimed work may hold: the headroom the agent measured
+    (``state.reclaim_millicpu``), else the reclaim pool's cpus."""
+    if state.reclaim_millicpu is not None:
+        return max(0, state.reclaim_millicpu)
+    return len(pools(topo, state).reclaimed) * 1000
+
+
 def _all_mems(topo: Topology) -> Tuple[int, ...]:
     return tuple(n.id for n in topo.numa_nodes if n.memory_bytes != 0)
 
@@ -254,8 +271,7 @@ def allocate(topo: Topology, state: State, request: Request) -> Decision:
                                            f"reserved, dedicated or held by NUMA-exclusive workloads")
         return Allocation(name=request.name, qos=QoS.SHARED, millicpu=request.millicpu, mems=_all_mems(topo))
     if request.qos is QoS.RECLAIMED:
-        pool = pools(topo, state)
-        capacity_m = len(pool.reclaimed) * 1000
+        capacity_m = reclaimed_capacity(topo, state)
         used_m = state.totals.reclaimed_millicpu
         if used_m + request.millicpu > capacity_m:
             return Rejection(request.name, f"reclaim pool has {capacity_m - used_m} of {capacity_m} millicpu "

@@ -57,12 +57,13 @@ def topology_fingerprint(topo: Topology) -> str:
 
 def state_to_data(state: State) -> dict:
     return {"reserved": list(state.reserved), "reclaim_cpus": state.reclaim_cpus,
-            "allocations": [a.to_dict() for a in state.allocations]}
+            "reclaim_millicpu": state.reclaim_millicpu, "allocations": [a.to_dict() for a in state.allocations]}
 
 
 def state_from_data(data: dict) -> State:
     return State(reserved=tuple(int(c) for c in data["reserved"]),
                  reclaim_cpus=None if data.get("reclaim_cpus") is None else int(data["reclaim_cpus"]),
+                 reclaim_millicpu=None if data.get("reclaim_millicpu") is None else int(data["reclaim_millicpu"]),
                  allocations=tuple(Allocation.from_dict(a) for a in data["allocations"]))
 
 

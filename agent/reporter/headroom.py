@@ -52,8 +52,8 @@ class ReclaimSizer:
         self._shared_target = min(max(self._shared_target, shared_need), free_cpus)
         return self._shared_target
 
-    def headroom_millicpu(self, online_millicpu_free_cpus: Tuple[int, int]) -> int:
-        """Millicpu reclaimed work may use in total, for the quota cap."""
-        online, free_cpus = online_millicpu_free_cpus
-        peak = max(self._history) if self._history else online
-        return max(0, free_cpus * 1000 - math.ceil(peak * (1 + self.buffer)))
+    def demand_millicpu(self) -> Optional[int]:
+        """Recent peak online usage times (1 + buffer); ``None`` before any sample."""
+        if not self._history:
+            return None
+        return math.ceil(max(self._history) * (1 + self.buffer))

@@ -24,15 +24,23 @@ class UsageSample:
 
 
 class UsageSampler:
-    def __init__(self, cpu_usage_ns) -> None:
+    """Rates between samples at least ``min_interval`` apart: per-cpu times tick
+    in jiffies (10 ms), so a shorter interval reads 0% or 100% at random, and
+    one such spike would pass for an online peak."""
+
+    def __init__(self, cpu_usage_ns, min_interval: float = 0.1) -> None:
         """``cpu_usage_ns(path) -> int | None`` reads a cgroup's cumulative cpu time."""
         self._cgroup_usage = cpu_usage_ns
+        self.min_interval = min_interval
         self._last_time: Optional[float] = None
         self._last_cpu: Optional[List[float]] = None
         self._last_cgroup: Dict[str, int] = {}
 
     def sample(self, now: float, cgroups: Iterable[str]) -> Optional[UsageSample]:
-        """A sample of rates since the previous call (``None`` on the first call)."""
+        """A sample of rates since the previous call (``None`` on the first call,
+        and when called again within ``min_interval``)."""
+        if self._last_time is not None and now - self._last_time < self.min_interval:
+            return None
         cpu_busy = [_busy_seconds(t) for t in psutil.cpu_times(percpu=True)]
         cg_now = {}
         for path in cgroups:
