@@ -127,12 +127,15 @@ def parse_reserved(value: Optional[str]):
               help="Create the tree at each hierarchy's root, or under the agent's own cgroup (delegation).")
 @click.option("--no-resize", is_flag=True, help="Keep the reclaim pool at its maximum instead of sizing it from usage.")
 @click.option("--revert", is_flag=True, help="On exit, put the kernel back as the agent found it.")
+@click.option("--no-confine-self", is_flag=True,
+              help="Do not move the agent itself into the system pool (the reserved cpus).")
 @click.option("--record-cgroups", is_flag=True,
               help="Keep cgroup writes in memory instead of applying them (dry run; tests off the host).")
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["debug", "info", "warning", "error"]))
 def agent(root: str, socket_path: str, state_dir: str, reserved_cpus, period: float, tcp_port, cgroup_base: str,
-          cgroup_parent: str, no_resize: bool, revert: bool, record_cgroups: bool, log_level: str) -> None:
+          cgroup_parent: str, no_resize: bool, revert: bool, no_confine_self: bool, record_cgroups: bool,
+          log_level: str) -> None:
     """Run the node agent in the foreground (what `make run` and the systemd unit start)."""
     import logging
 
@@ -142,7 +145,7 @@ def agent(root: str, socket_path: str, state_dir: str, reserved_cpus, period: fl
     config = AgentConfig(root=root, socket_path=socket_path, state_dir=state_dir,
                          reserved_cpus=parse_reserved(reserved_cpus), period=period, tcp_port=tcp_port,
                          cgroup_base=cgroup_base, cgroup_parent=cgroup_parent, resize=not no_resize,
-                         revert_on_exit=revert, record_cgroups=record_cgroups)
+                         revert_on_exit=revert, record_cgroups=record_cgroups, confine_self=not no_confine_self)
     sys.exit(Agent(config, echo=click.echo).run())
 
 
@@ -285,9 +288,10 @@ def bench_qrm(root, workloads: int, repeat: int, churn_steps: int, as_json: bool
 
 
 @bench.command("cpu-isolation")
-@click.option("--duration", default=4.0, show_default=True, type=click.FloatRange(0.5, 600),
-              help="Seconds each scenario runs.")
-@click.option("--repeats", default=5, show_default=True, type=click.IntRange(1, 100))
+@click.option("--duration", default=2.0, show_default=True, type=click.FloatRange(0.5, 600),
+              help="Seconds each scenario runs per round.")
+@click.option("--repeats", default=10, show_default=True, type=click.IntRange(1, 100),
+              help="Rounds; in each the scenarios take turns.")
 @click.option("--period-ms", default=5.0, show_default=True, type=click.FloatRange(0.5, 1000),
               help="The probe's request period.")
 @click.option("--work-us", default=300, show_default=True, type=click.IntRange(10, 100000),

@@ -64,6 +64,7 @@ class AgentConfig:
     resize: bool = True  # resize the reclaim pool from usage
     revert_on_exit: bool = False
     record_cgroups: bool = False  # keep cgroup writes in memory (dry runs, end-to-end tests off the host)
+    confine_self: bool = False  # move the agent itself into <base>/system (the reserved pool)
     cgroup_options: CgroupOptions = field(default_factory=CgroupOptions)
 
 
@@ -139,6 +140,11 @@ class Agent:
             self.seen_procs[alloc.name] = False
         report = self.reconcile()
         self.store.save(self.state, self.topology)
+        if cfg.confine_self and not cfg.record_cgroups and pools(self.topology, self.state).reserved:
+            try:
+                self.driver.move(f"{cfg.cgroup_base}/system", os.getpid())
+            except CgroupError as exc:
+                self.echo(f"tidal agent: warning: cannot move the agent into the system pool: {exc}")
         topo = self.topology
         self.echo(
             f"tidal agent: {len(topo.socket_ids())} sockets, {len(topo.numa_nodes)} NUMA nodes, "
@@ -355,9 +361,10 @@ class Agent:
         if not self._harvests_shared():
             return state.with_reclaim_capacity(len(pool.reclaimed) * 1000)
         lay = _layout(self.topology, state)
-        measured = self.sizer.demand_millicpu()
+        measured = self.sizer.demand_millicpu()  # online + system usage, peak x (1 + buffer)
         demand = state.totals.shared_millicpu if measured is None else measured
-        capacity = len(pool.lendable) * 1000 + max(0, len(lay.free) * 1000 - demand)
+        harvestable = len(lay.free) + len(lay.reserved)
+        capacity = len(pool.lendable) * 1000 + max(0, harvestable * 1000 - demand)
         return state.with_reclaim_capacity(capacity)
 
     # ---- run / stop --------------------------------------------------------

@@ -13,7 +13,8 @@ import psutil
 
 
 def _busy_seconds(times) -> float:
-    return sum(getattr(times, name, 0.0) for name in ("user", "nice", "system", "irq", "softirq", "steal"))
+    # steal is time the hypervisor gave to someone else: not demand of this node's work
+    return sum(getattr(times, name, 0.0) for name in ("user", "nice", "system", "irq", "softirq"))
 
 
 @dataclass

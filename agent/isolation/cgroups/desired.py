@@ -4,11 +4,11 @@
 per cgroup, parents before children, each with its logical knobs (see
 ``knobs``). The reconciler turns the difference into file writes.
 
-Why the reclaimed cpuset is the reclaim pool *plus* the shared pool: where
-the kernel has ``cpu.idle`` (SCHED_IDLE for a whole cgroup), offline work on
-the shared pool's cpus only gets time the online work leaves idle, and is
-preempted at once when online wakes up; so it harvests the shared pool's
-idle without delaying online (measured by ``tidal bench cpu-isolation``).
+Why the reclaimed cpuset is the reclaim pool *plus* the shared and reserved
+pools: where the kernel has ``cpu.idle`` (SCHED_IDLE for a whole cgroup),
+offline work on those cpus only gets time that online and system work leave
+idle, and is preempted at once when they wake up; so it harvests their idle
+time without delaying them (measured by ``tidal bench cpu-isolation``).
 Without ``cpu.idle`` it stays on the reclaim pool with the lowest weight.
 The quota cap on the reclaimed parent is the reclaimed capacity (headroom):
 the kernel enforces what offline agents are told.
@@ -49,9 +49,12 @@ class CgroupSpec:
 
 
 def reclaimed_cpus(pools: Pools, cpu_idle: bool, harvest_shared: bool) -> Tuple[int, ...]:
+    """Where reclaimed work may run: the reclaim pool; with ``cpu.idle`` also
+    the shared and reserved pools, whose idle time it takes at idle priority
+    (never dedicated cpus, unless their owner lends them)."""
     cpus = set(pools.reclaimed)
     if cpu_idle and harvest_shared:
-        cpus |= set(pools.shared)
+        cpus |= set(pools.shared) | set(pools.reserved)
     if not cpus:  # nothing to lend: park on the reserved (or any shared) cpus, throttled to the minimum
         cpus = set(pools.reserved or pools.shared or pools.dedicated[:1])
     return tuple(sorted(cpus))
