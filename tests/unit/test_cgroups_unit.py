@@ -116,10 +116,12 @@ def test_desired_tree_shape():
     assert specs["tidal/dedicated/web"]["mems"] == "0"
     assert specs["tidal/shared/api"]["cpu_shares"] == 1536
     assert specs["tidal/reclaimed"]["cpu_idle"] == 1
-    # reclaimed work runs on the reclaim pool plus the shared pool (at idle priority), never on dedicated cpus
-    reclaimed = set(map(int, __import__("agent.topology.parse", fromlist=["x"]).parse_cpulist(
-        specs["tidal/reclaimed"]["cpus"])))
-    assert reclaimed == set(pool.reclaimed) | set(pool.shared) and not reclaimed & set(web.cpus)
+    # reclaimed work runs on the reclaim pool plus the shared and reserved pools (at idle priority),
+    # never on dedicated cpus
+    from agent.topology.parse import parse_cpulist
+    reclaimed = set(parse_cpulist(specs["tidal/reclaimed"]["cpus"]))
+    assert reclaimed == set(pool.reclaimed) | set(pool.shared) | set(pool.reserved)
+    assert not reclaimed & set(web.cpus)
     assert specs["tidal/reclaimed/min/batch"]["cpu_max"] == (200000, 100000)
     assert specs["tidal/reclaimed/min"]["cpu_shares"] == 256
 
