@@ -8,6 +8,10 @@
 | DELETE | /v1/workloads/<name>          |                     | 200 {"released": name}           |
 | POST   | /v1/workloads/<name>/attach   | {"pid": N}          | 200 {"workload": {...}}          |
 | GET    | /v1/status                    |                     | 200 pools, per-cpu map, counters |
+| GET    | /v1/capacity[?format=yarn|mesos][&wait_generation=N&timeout=S] | | 200 reclaimed capacity (long-poll) |
+| GET    | /v1/node                      |                     | 200 node state (lending)         |
+| POST   | /v1/node/lend, /v1/node/reclaim | {"notice": "60s"} | 200; 409 wrong state             |
+| GET    | /v1/evictions                 |                     | 200 recent evictions, by tier    |
 
 Errors are JSON ``{"error": "<one line>"}`` with 400 (malformed or invalid
 request), 404 (no such workload or path), 409 (name in use), 422 (does not
@@ -23,7 +27,7 @@ import socket
 import socketserver
 import threading
 from http.server import BaseHTTPRequestHandler, HTTPServer
-from typing import Any, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 from urllib.parse import urlsplit
 
 from agent.errors import AdmissionError, TidalError
@@ -77,6 +81,16 @@ class _Handler(BaseHTTPRequestHandler):
                 return self._send(200, {"ok": True})
             if method == "GET" and route == ["status"]:
                 return self._send(200, agent.status())
+            if method == "GET" and route == ["capacity"]:
+                return self._send(200, _capacity(agent, self.path))
+            if method == "GET" and route == ["node"]:
+                return self._send(200, agent.node_doc())
+            if method == "POST" and route == ["node", "lend"]:
+                return self._send(200, agent.lend(_notice(self._body())))
+            if method == "POST" and route == ["node", "reclaim"]:
+                return self._send(200, agent.take_back(_notice(self._body())))
+            if method == "GET" and route == ["evictions"]:
+                return self._send(200, {"evictions": agent.evictions, "by_tier": agent.evictions_by_tier})
             if method == "GET" and route == ["workloads"]:
                 return self._send(200, {"workloads": agent.workloads()})
             if method == "POST" and route == ["workloads"]:
@@ -112,6 +126,72 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_DELETE(self) -> None:
         self._dispatch("DELETE")
+
+
+MAX_WAIT_S = 300.0
+
+
+def _notice(body: Any) -> Any:
+    if body is None:
+        return 60
+    if not isinstance(body, dict):
+        raise AdmissionError('body must be {"notice": "60s"}')
+    unknown = set(body) - {"notice"}
+    if unknown:
+        raise AdmissionError(f"unknown field(s) {', '.join(sorted(unknown))}")
+    return body.get("notice", 60)
+
+
+def _capacity(agent, raw_path: str) -> Any:
+    """GET /v1/capacity[?format=yarn|mesos][&wait_generation=N&timeout=S]."""
+    from urllib.parse import parse_qs
+
+    query = urlsplit(raw_path).query
+    try:
+        params = parse_qs(query, keep_blank_values=True, strict_parsing=bool(query))
+    except ValueError:
+        raise AdmissionError(f"malformed query string {query!r}") from None
+    unknown = set(params) - {"format", "wait_generation", "timeout"}
+    if unknown:
+        raise AdmissionError(f"unknown query parameter(s) {', '.join(sorted(unknown))}")
+    if any(len(v) != 1 for v in params.values()):
+        raise AdmissionError("each query parameter may be given once")
+    fmt = params.get("format", ["tidal"])[0]
+    if fmt not in ("tidal", "yarn", "mesos"):
+        raise AdmissionError(f"format must be tidal, yarn or mesos, got {fmt!r}")
+    if "wait_generation" in params:
+        try:
+            generation = int(params["wait_generation"][0])
+            timeout = float(params.get("timeout", ["30"])[0])
+        except ValueError:
+            raise AdmissionError("wait_generation must be an integer and timeout a number of seconds") from None
+        if generation < 0 or not (0 <= timeout <= MAX_WAIT_S):
+            raise AdmissionError(f"wait_generation must be >= 0 and timeout within 0..{MAX_WAIT_S:g} s")
+        doc = agent.wait_capacity(generation, timeout)
+    elif "timeout" in params:
+        raise AdmissionError("timeout goes with wait_generation")
+    else:
+        doc = agent.capacity_doc()
+    return render_capacity(doc, fmt)
+
+
+def render_capacity(doc: Dict[str, Any], fmt: str) -> Any:
+    """The capacity in the shape an offline system takes.
+
+    * yarn: the body of ``yarn rmadmin -updateNodeResource`` / the RM's node
+      resource REST call: whole vcores and memory in MB.
+    * mesos: revocable scalar resources, as a resource estimator reports them.
+    """
+    reclaimed = doc["reclaimed"]
+    if fmt == "yarn":
+        return {"vcores": reclaimed["millicpu"] // 1000, "memory-mb": reclaimed["memory_bytes"] // (1024 * 1024)}
+    if fmt == "mesos":
+        return {"resources": [
+            {"name": "cpus", "type": "SCALAR", "scalar": {"value": reclaimed["millicpu"] / 1000.0}, "revocable": {}},
+            {"name": "mem", "type": "SCALAR", "scalar": {"value": float(reclaimed["memory_bytes"] // (1024 * 1024))},
+             "revocable": {}},
+        ]}
+    return doc
 
 
 class _UnixServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import signal
 import threading
@@ -39,6 +40,9 @@ from agent.qrm.model import Allocation, QoS, Rejection
 from agent.qrm.policy import State, _layout, allocate, effective_cpus, pools, release
 from agent.qrm.requests import parse_request
 from agent.qrm.state import CheckpointStore
+from agent.lending import OFFLINE, ONLINE, TO_OFFLINE, TO_ONLINE, NodeLending, TransitionError, parse_notice
+from agent.qrm.eviction import choose_victims
+from agent.reporter.capacity import MIB, Capacity, CapacityEstimator, HourlyHistory
 from agent.reporter.headroom import ReclaimSizer
 from agent.reporter.usage import UsageSampler
 from agent.topology import HostFS, Topology, discover
@@ -65,7 +69,15 @@ class AgentConfig:
     revert_on_exit: bool = False
     record_cgroups: bool = False  # keep cgroup writes in memory (dry runs, end-to-end tests off the host)
     confine_self: bool = False  # move the agent itself into <base>/system (the reserved pool)
+    eviction_grace: float = 10.0  # over-committed reclaimed work is throttled this long before eviction
+    online_policy: str = "wait"  # lending: "wait" for online workloads to finish, or "evict" them at the notice end
+    hooks: Dict[str, List[str]] = field(default_factory=dict)  # node state -> argv run on entering it
+    memory_reserved_bytes: Optional[int] = None  # kept from offline agents (default: 5% of memory, at least 1 GiB)
     cgroup_options: CgroupOptions = field(default_factory=CgroupOptions)
+
+
+def _iso(epoch: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(epoch)) + f".{int((epoch % 1) * 1000):03d}Z"
 
 
 class NotFound(TidalError):
@@ -99,6 +111,18 @@ class Agent:
         self.created_at: Dict[str, float] = {}
         self.counters: Dict[str, int] = {"drift_repairs": 0, "reconciles": 0, "reconcile_failures": 0,
                                          "released_empty": 0}
+        self.estimator = CapacityEstimator(history=HourlyHistory(os.path.join(config.state_dir, "history.json")))
+        self.lending = NodeLending(os.path.join(config.state_dir, "node.json"), config.hooks)
+        self.capacity: Optional[Capacity] = None
+        self.generation = 0
+        self.updated_at = time.time()
+        self.changed = threading.Condition(self.lock)
+        self.evictions: List[Dict[str, Any]] = []
+        self.evictions_by_tier: Dict[str, int] = {"low": 0, "min": 0, "high": 0}
+        self.overcommit_since: Optional[float] = None
+        self.online_millicpu = 0
+        self.online_bytes = 0
+        self.kill_signal = signal.SIGKILL
         self.last_report: Optional[ReconcileReport] = None
         self.last_reconcile_ms = 0.0
         self._stop = threading.Event()
@@ -119,6 +143,9 @@ class Agent:
             self.driver = KernelCgroups(mounts, HostFS(cfg.root), parent=cfg.cgroup_parent)
         self.reconciler = Reconciler(self.driver, cfg.cgroup_base)
         self.sampler = UsageSampler(self.driver.cpu_usage_ns)
+        os.makedirs(cfg.state_dir, exist_ok=True)
+        self.estimator.history.load()
+        self.lending.load()
         result = self.store.load(self.topology, reserved=cfg.reserved_cpus,
                                  recover=lambda topo: recover_state(self.driver, cfg.cgroup_base, topo))
         for warning in result.warnings:
@@ -202,6 +229,11 @@ class Agent:
     def admit(self, doc: Any) -> Dict[str, Any]:
         request = parse_request(doc)  # AdmissionError -> 400
         with self.lock:
+            node = self.lending.current.state
+            if node in (TO_OFFLINE, TO_ONLINE):
+                raise Conflict(f"the node is {node}: nothing new is placed during a transition")
+            if node == OFFLINE and request.qos in (QoS.DEDICATED, QoS.SHARED):
+                raise Conflict(f"the node is lent (Offline): only reclaimed_cores and system_cores are placed")
             self.state = self._with_capacity(self.state)
             decision = allocate(self.topology, self.state, request)
             if isinstance(decision, Rejection):
@@ -291,15 +323,18 @@ class Agent:
                 "pools": {k: format_cpulist(v) for k, v in pool.to_dict().items()},
                 "reclaim_cpus_target": self.state.reclaim_cpus, "reclaimed_capacity_millicpu": self.state.reclaim_millicpu,
                 "workloads": len(self.state.allocations), "cpus": cpus, "counters": dict(self.counters),
+                "evictions_by_tier": dict(self.evictions_by_tier), "recent_evictions": self.evictions[-20:],
+                "node_state": self.lending.current.state,
                 "last_reconcile_ms": round(self.last_reconcile_ms, 3),
                 "state_file": self.store.path, "socket": self.config.socket_path,
             }
 
     # ---- the loop ----------------------------------------------------------
 
-    def tick(self, now: Optional[float] = None) -> None:
-        """One period of the loop (exposed for tests)."""
+    def tick(self, now: Optional[float] = None, epoch: Optional[float] = None) -> None:
+        """One period of the loop (exposed for tests; the clocks may be passed in)."""
         now = time.monotonic() if now is None else now
+        epoch = time.time() if epoch is None else epoch
         with self.lock:
             base = self.config.cgroup_base
             paths = {a.name: workload_path(base, a) for a in self.state.allocations}
@@ -308,10 +343,36 @@ class Agent:
             if sample is not None:
                 self.usage = sample.per_cgroup_millicpu
                 self.cpu_usage = sample.per_cpu_millicpu
+                self._observe(sample, now, epoch)
             self._release_empty(paths, now)
             if self.config.resize and sample is not None:
                 self._resize(sample)
+            self._refresh_capacity(now, epoch)
+            self._evict_overcommit(now)
+            self._advance_lending(epoch)
             self.reconcile()
+
+    def _observe(self, sample, now: float, epoch: float) -> None:
+        base = self.config.cgroup_base
+        offline = sample.per_cgroup_millicpu.get(f"{base}/reclaimed", 0)
+        dedicated = sample.per_cgroup_millicpu.get(f"{base}/dedicated", 0)
+        self.online_millicpu = max(0, sample.total_millicpu - offline - dedicated)
+        try:
+            import psutil
+
+            used = psutil.virtual_memory().total - psutil.virtual_memory().available
+        except Exception:  # noqa: BLE001
+            used = 0
+        offline_bytes = self.driver.memory_usage_bytes(f"{base}/reclaimed") or 0
+        self.online_bytes = max(0, used - offline_bytes)
+        self.estimator.observe(now, epoch, self.online_millicpu, self.online_bytes)
+        hour = self.estimator.history.key(epoch)
+        if getattr(self, "_saved_hour", None) != hour or int(now) % 60 == 0:
+            self._saved_hour = hour
+            try:
+                self.estimator.history.save()
+            except OSError as exc:
+                log.warning("cannot save usage history: %s", exc)
 
     def _release_empty(self, paths: Dict[str, str], now: float) -> None:
         state = self.state
@@ -333,39 +394,212 @@ class Agent:
             self._commit(state)
 
     def _resize(self, sample) -> None:
-        base = self.config.cgroup_base
-        offline = sample.per_cgroup_millicpu.get(f"{base}/reclaimed", 0)
-        dedicated = sample.per_cgroup_millicpu.get(f"{base}/dedicated", 0)
-        online = max(0, sample.total_millicpu - offline - dedicated)
         lay = _layout(self.topology, self.state)
-        shared_target = self.sizer.update(online, lay.shared_need, len(lay.free))
+        if self.lending.current.state == OFFLINE:
+            shared_target = lay.shared_need  # lent: everything not needed goes to offline
+        else:
+            shared_target = self.sizer.update(self.online_millicpu, lay.shared_need, len(lay.free))
         lendable = len(pools(self.topology, self.state).lendable)
         target = lendable + max(0, len(lay.free) - shared_target)
-        state = self.state
-        if target != state.reclaim_cpus:
-            state = state.with_reclaim_cpus(target)
-        state = self._with_capacity(state)
-        if state != self.state:
-            self._commit(state)
+        if target != self.state.reclaim_cpus:
+            self._commit(self.state.with_reclaim_cpus(target))
 
     def _harvests_shared(self) -> bool:
         return bool(self.driver.features.get("cpu.idle")) and self.config.cgroup_options.harvest_shared
 
-    def _with_capacity(self, state: State) -> State:
-        """The reclaimed capacity (millicpu) for ``state``: lent cpus, plus, where
-        offline work may take the shared pool's idle time at idle priority, the
-        free cpus less online demand: recent peak usage x (1 + buffer), which
-        reclaims what online requested but does not use; before any usage
-        sample, the shared requests stand in."""
+    def _memory_total(self) -> int:
+        total = sum(n.memory_bytes or 0 for n in self.topology.numa_nodes)
+        if not total:
+            try:
+                import psutil
+
+                total = psutil.virtual_memory().total
+            except Exception:  # noqa: BLE001
+                total = 0
+        return total
+
+    def _allocatable(self, state: State) -> tuple:
+        """(millicpu, bytes) offline could hold if online used nothing."""
         pool = pools(self.topology, state)
-        if not self._harvests_shared():
-            return state.with_reclaim_capacity(len(pool.reclaimed) * 1000)
         lay = _layout(self.topology, state)
-        measured = self.sizer.demand_millicpu()  # online + system usage, peak x (1 + buffer)
-        demand = state.totals.shared_millicpu if measured is None else measured
-        harvestable = len(lay.free) + len(lay.reserved)
-        capacity = len(pool.lendable) * 1000 + max(0, harvestable * 1000 - demand)
-        return state.with_reclaim_capacity(capacity)
+        if self._harvests_shared():
+            cpus = len(lay.free) + len(lay.reserved) + len(pool.lendable)
+        else:
+            cpus = len(pool.reclaimed)
+        total = self._memory_total()
+        reserve = self.config.memory_reserved_bytes
+        if reserve is None:
+            reserve = max(1024 * MIB, total // 20)
+        return cpus * 1000, max(0, total - reserve)
+
+    def _estimate(self, state: State, now: float, epoch: float) -> Capacity:
+        requests = (state.totals.shared_millicpu, self.online_bytes)
+        allocatable = self._allocatable(state)
+        numa = []
+        if self.topology.numa_nodes:
+            total_cpus = max(1, len(self.topology.online_cpus()))
+            for node in self.topology.numa_nodes:
+                share = len(node.cpus) / total_cpus
+                numa.append((node.id, int(allocatable[0] * share), int(allocatable[1] * share)))
+        capacity = self.estimator.estimate(now, epoch, allocatable, requests, tuple(numa))
+        if not self._harvests_shared():
+            # without idle-priority harvest, offline owns the reclaim pool's cpus, which the
+            # sizer already fits to online demand; only memory comes from the estimate
+            return Capacity(allocatable[0], capacity.memory_bytes, capacity.source, capacity.numa)
+        return capacity
+
+    def _with_capacity(self, state: State, now: Optional[float] = None, epoch: Optional[float] = None) -> State:
+        """``state`` with its reclaimed capacity (admission and the quota cap) brought up to date."""
+        now = time.monotonic() if now is None else now
+        epoch = time.time() if epoch is None else epoch
+        capacity = self._estimate(state, now, epoch)
+        self._set_capacity(capacity, epoch)
+        return state.with_reclaim_capacity(capacity.millicpu)
+
+    def _set_capacity(self, capacity: Capacity, epoch: float) -> None:
+        with self.changed:
+            self._set_capacity_locked(capacity, epoch)
+
+    def _set_capacity_locked(self, capacity: Capacity, epoch: float) -> None:
+        old = self.capacity
+        key = lambda c: None if c is None else (c.millicpu, c.memory_bytes, c.numa)  # noqa: E731
+        if key(old) != key(capacity) or getattr(self, "_node_key", None) != self.lending.current:
+            self._node_key = self.lending.current
+            self.capacity = capacity
+            self.generation += 1
+            self.updated_at = epoch
+            self.changed.notify_all()
+        else:
+            self.capacity = capacity
+
+    def _refresh_capacity(self, now: float, epoch: float) -> None:
+        state = self._with_capacity(self.state, now, epoch)
+        if state != self.state:
+            self._commit(state)
+        memory = self.capacity.memory_bytes if self.capacity else None
+        if memory is not None and self.config.cgroup_options.reclaimed_memory_max != memory:
+            self.config = replace(self.config, cgroup_options=replace(self.config.cgroup_options,
+                                                                      reclaimed_memory_max=max(memory, 64 * MIB)))
+
+    def _evict(self, alloc: Allocation, reason: str, epoch: Optional[float] = None) -> None:
+        path = workload_path(self.config.cgroup_base, alloc)
+        pids = self.driver.kill(path, self.kill_signal)
+        record = {"name": alloc.name, "qos": alloc.qos.value, "tier": alloc.tier.value if alloc.qos is QoS.RECLAIMED
+                  else None, "millicpu": alloc.millicpu, "reason": reason, "pids": pids,
+                  "at": time.time() if epoch is None else epoch}
+        self.evictions.append(record)
+        del self.evictions[:-200]
+        if alloc.qos is QoS.RECLAIMED:
+            self.evictions_by_tier[alloc.tier.value] += 1
+        log.warning("evicted %s (%s, %d pids): %s", alloc.name, record["tier"] or alloc.qos.value, len(pids), reason)
+        self._commit(self.state.without(alloc.name))
+        self.seen_procs.pop(alloc.name, None)
+        self.created_at.pop(alloc.name, None)
+
+    def _evict_overcommit(self, now: float) -> None:
+        capacity = self.state.reclaim_millicpu
+        if capacity is None:
+            return
+        victims = choose_victims(self.state.allocations, capacity)
+        if not victims:
+            self.overcommit_since = None
+            return
+        if self.overcommit_since is None:
+            self.overcommit_since = now  # throttled by the quota from now on
+            log.info("reclaimed work over-committed (%d millicpu of capacity); throttled", capacity)
+        if now - self.overcommit_since < self.config.eviction_grace:
+            return
+        for alloc in victims:
+            self._evict(alloc, f"reclaimed capacity fell to {capacity} millicpu and stayed there "
+                               f"{self.config.eviction_grace:g}s")
+        self.overcommit_since = None
+
+    def _advance_lending(self, epoch: float) -> None:
+        online = [a for a in self.state.allocations if a.qos in (QoS.DEDICATED, QoS.SHARED)]
+        reclaimed = [a for a in self.state.allocations if a.qos is QoS.RECLAIMED]
+        before = self.lending.current
+        action = self.lending.advance(epoch, len(online), len(reclaimed), self.config.online_policy)
+        if action == "evict-online":
+            for alloc in online:
+                self._evict(alloc, "the node is being lent and the notice ended", epoch)
+            self.lending.advance(epoch, 0, len(reclaimed), self.config.online_policy)
+        elif action == "evict-reclaimed":
+            for alloc in reclaimed:
+                self._evict(alloc, "the node is taken back and the notice ended", epoch)
+            self.lending.advance(epoch, len(online), 0, self.config.online_policy)
+        if self.lending.current != before:
+            log.info("node state %s -> %s", before.state, self.lending.current.state)
+            self._refresh_capacity(time.monotonic(), epoch)
+            with self.changed:
+                self.changed.notify_all()
+
+    # ---- capacity and node state for offline agents ------------------------
+
+    def capacity_doc(self) -> Dict[str, Any]:
+        with self.lock:
+            from agent.isolation.cgroups.desired import reclaimed_cpus
+
+            cap = self.capacity or Capacity(0, 0, "requests")
+            node = self.lending.current
+            pool = pools(self.topology, self.state)
+            doc = {
+                "node_state": node.state, "generation": self.generation,
+                "updated_at": _iso(self.updated_at), "valid_seconds": max(30, int(math.ceil(3 * self.config.period))),
+                "source": cap.source,
+                "reclaimed": {
+                    "millicpu": cap.millicpu, "memory_bytes": cap.memory_bytes,
+                    "cpus": format_cpulist(reclaimed_cpus(pool, bool(self.driver.features.get("cpu.idle")),
+                                                          self.config.cgroup_options.harvest_shared)),
+                    "numa": [{"id": n, "millicpu": c, "memory_bytes": m} for n, c, m in cap.numa],
+                },
+            }
+            if node.state == TO_ONLINE:
+                doc["deadline"] = _iso(node.deadline) if node.deadline else None
+                doc["target"] = {"millicpu": 0, "memory_bytes": 0}
+            if node.state == TO_OFFLINE:
+                doc["deadline"] = _iso(node.deadline) if node.deadline else None
+            return doc
+
+    def wait_capacity(self, generation: int, timeout: float) -> Dict[str, Any]:
+        """Long-poll: return once the generation differs from ``generation`` (or after ``timeout``)."""
+        deadline = time.monotonic() + timeout
+        with self.changed:
+            while self.generation == generation:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or self._stop.is_set():
+                    break
+                self.changed.wait(min(remaining, 1.0))
+        return self.capacity_doc()
+
+    def node_doc(self) -> Dict[str, Any]:
+        node = self.lending.current
+        return {"state": node.state, "since": _iso(node.since) if node.since else None,
+                "deadline": _iso(node.deadline) if node.deadline else None, "notice_seconds": node.notice_seconds,
+                "online_policy": self.config.online_policy, "hooks": self.lending.hook_results[-10:]}
+
+    def lend(self, notice: Any) -> Dict[str, Any]:
+        seconds = parse_notice(notice)
+        with self.lock:
+            try:
+                self.lending.lend(time.time(), seconds)
+            except TransitionError as exc:
+                raise Conflict(str(exc)) from None
+            self._advance_lending(time.time())
+            self.reconcile()
+            return self.node_doc()
+
+    def take_back(self, notice: Any) -> Dict[str, Any]:
+        seconds = parse_notice(notice)
+        with self.lock:
+            try:
+                self.lending.reclaim(time.time(), seconds)
+            except TransitionError as exc:
+                raise Conflict(str(exc)) from None
+            self._advance_lending(time.time())
+            self._refresh_capacity(time.monotonic(), time.time())
+            self.changed.notify_all()  # the lock is held: the capacity now counts down to 0
+            self.reconcile()
+            return self.node_doc()
 
     # ---- run / stop --------------------------------------------------------
 

@@ -33,6 +33,8 @@ class CgroupDriver(Protocol):
     def move(self, path: str, pid: int) -> None: ...
     def children(self, path: str) -> List[str]: ...
     def cpu_usage_ns(self, path: str) -> Optional[int]: ...
+    def memory_usage_bytes(self, path: str) -> Optional[int]: ...
+    def kill(self, path: str, sig: int) -> List[int]: ...
     def where(self, path: str) -> Dict[str, str]: ...
 
 
@@ -172,6 +174,24 @@ class KernelCgroups:
         except OSError:
             return []
 
+    def memory_usage_bytes(self, path: str) -> Optional[int]:
+        if self.version == 1:
+            text = self.read("memory", path, "memory.usage_in_bytes") if "memory" in self.bases else None
+        else:
+            text = self.read("", path, "memory.current")
+        return int(text) if text and text.strip().isdigit() else None
+
+    def kill(self, path: str, sig: int) -> List[int]:
+        """Signal every process of the cgroup and its descendants; returns the pids signalled."""
+        signalled = []
+        for pid in _all_procs(self, path):
+            try:
+                os.kill(pid, sig)
+                signalled.append(pid)
+            except ProcessLookupError:
+                pass
+        return signalled
+
     def cpu_usage_ns(self, path: str) -> Optional[int]:
         if self.version == 1:
             text = self.read("cpuacct", path, "cpuacct.usage") if "cpuacct" in self.bases else None
@@ -181,6 +201,13 @@ class KernelCgroups:
             if key == "usage_usec":
                 return int(value) * 1000
         return None
+
+
+def _all_procs(driver, path: str) -> List[int]:
+    pids = list(driver.procs(path))
+    for child in driver.children(path):
+        pids.extend(_all_procs(driver, f"{path}/{child}"))
+    return pids
 
 
 class RecordingCgroups:
@@ -193,6 +220,7 @@ class RecordingCgroups:
         self.members: Dict[str, List[int]] = {"": []}
         self.ops: List[Tuple] = []
         self.usage: Dict[str, int] = {}
+        self.memory: Dict[str, int] = {}
 
     def where(self, path: str) -> Dict[str, str]:
         return {"recorded": path}
@@ -242,3 +270,15 @@ class RecordingCgroups:
 
     def cpu_usage_ns(self, path: str) -> Optional[int]:
         return self.usage.get(path)
+
+    def memory_usage_bytes(self, path: str) -> Optional[int]:
+        return self.memory.get(path)
+
+    def kill(self, path: str, sig: int) -> List[int]:
+        pids = _all_procs(self, path)
+        for members in self.members.values():
+            for pid in pids:
+                if pid in members:
+                    members.remove(pid)
+        self.ops.append(("kill", path, sig, tuple(pids)))
+        return pids

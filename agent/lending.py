@@ -1,0 +1,142 @@
+"""Whole-machine lending: the node state machine, persisted.
+
+    Online --lend--> OnlineToOffline --(notice over, online gone)--> Offline
+    Offline --reclaim--> OfflineToOnline --(notice over)--> Online
+
+* In the two transition states nothing new is placed.
+* OnlineToOffline: online workloads get the notice window to finish
+  (``online_policy`` "wait": the node goes Offline once they are gone;
+  "evict": the rest are killed when the notice ends). Offline: the whole
+  machine minus the reserved pool is reclaimed capacity.
+* OfflineToOnline: offline agents see the capacity going to 0 with a
+  deadline; when the notice ends, reclaimed workloads still running are killed.
+* User hooks (argument vectors, never shell strings) run at each edge with
+  ``TIDAL_NODE_FROM``/``TIDAL_NODE_TO`` in their environment.
+
+The state (with the deadline as wall-clock time) is written atomically to
+``node.json`` so a restart resumes a transition where it was.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from dataclasses import asdict, dataclass
+from typing import Dict, List, Optional
+
+from agent.errors import AdmissionError, TidalError
+
+ONLINE, TO_OFFLINE, OFFLINE, TO_ONLINE = "Online", "OnlineToOffline", "Offline", "OfflineToOnline"
+STATES = (ONLINE, TO_OFFLINE, OFFLINE, TO_ONLINE)
+
+
+class TransitionError(TidalError):
+    """A lend/reclaim that the current node state does not allow."""
+
+
+@dataclass(frozen=True)
+class NodeState:
+    state: str = ONLINE
+    since: float = 0.0
+    deadline: Optional[float] = None
+    notice_seconds: float = 0.0
+
+    @property
+    def placing(self) -> bool:
+        return self.state in (ONLINE, OFFLINE)
+
+
+def parse_notice(value) -> float:
+    """``60``, ``"60"``, ``"60s"``, ``"2m"`` -> seconds; negative or garbage -> AdmissionError."""
+    if isinstance(value, bool):
+        raise AdmissionError(f"notice must be a duration like 60s, got {value!r}")
+    if isinstance(value, (int, float)):
+        seconds = float(value)
+    elif isinstance(value, str):
+        text = value.strip().lower()
+        scale = 1.0
+        for suffix, factor in (("ms", 0.001), ("s", 1.0), ("m", 60.0), ("h", 3600.0)):
+            if text.endswith(suffix) and text[: -len(suffix)].replace(".", "", 1).lstrip("-").isdigit():
+                text, scale = text[: -len(suffix)], factor
+                break
+        try:
+            seconds = float(text) * scale
+        except ValueError:
+            raise AdmissionError(f"notice must be a duration like 60s, got {value!r}") from None
+    else:
+        raise AdmissionError(f"notice must be a duration like 60s, got {value!r}")
+    if seconds < 0 or seconds != seconds or seconds > 7 * 86400:
+        raise AdmissionError(f"notice must be between 0 and 7 days, got {value!r}")
+    return seconds
+
+
+class NodeLending:
+    def __init__(self, path: str, hooks: Optional[Dict[str, List[str]]] = None) -> None:
+        self.path = path
+        self.hooks = hooks or {}
+        self.current = NodeState()
+        self.hook_results: List[Dict[str, object]] = []
+
+    def load(self) -> None:
+        try:
+            with open(self.path) as handle:
+                data = json.load(handle)
+            if data.get("state") in STATES:
+                self.current = NodeState(state=data["state"], since=float(data.get("since", 0)),
+                                         deadline=data.get("deadline"), notice_seconds=float(data.get("notice_seconds", 0)))
+        except (OSError, ValueError, TypeError):
+            self.current = NodeState()
+
+    def _save(self) -> None:
+        tmp = self.path + ".tmp"
+        with open(tmp, "w") as handle:
+            json.dump(asdict(self.current), handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, self.path)
+
+    def _enter(self, state: str, now: float, notice: float = 0.0) -> NodeState:
+        previous = self.current.state
+        self.current = NodeState(state=state, since=now, deadline=now + notice if notice else None,
+                                 notice_seconds=notice)
+        self._save()
+        self._run_hook(previous, state)
+        return self.current
+
+    def _run_hook(self, previous: str, state: str) -> None:
+        argv = self.hooks.get(state)
+        if not argv:
+            return
+        env = dict(os.environ, TIDAL_NODE_FROM=previous, TIDAL_NODE_TO=state)
+        try:
+            done = subprocess.run(argv, env=env, timeout=30, capture_output=True, text=True)
+            self.hook_results.append({"state": state, "argv": argv, "exit": done.returncode})
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            self.hook_results.append({"state": state, "argv": argv, "error": str(exc)})
+
+    def lend(self, now: float, notice: float) -> NodeState:
+        if self.current.state != ONLINE:
+            raise TransitionError(f"cannot lend: the node is {self.current.state}, not Online")
+        return self._enter(TO_OFFLINE, now, notice)
+
+    def reclaim(self, now: float, notice: float) -> NodeState:
+        if self.current.state not in (OFFLINE, TO_OFFLINE):
+            raise TransitionError(f"cannot reclaim: the node is {self.current.state}, not Offline")
+        return self._enter(TO_ONLINE, now, notice)
+
+    def advance(self, now: float, online_left: int, reclaimed_left: int, online_policy: str = "wait") -> Optional[str]:
+        """Move on when a transition's condition holds. Returns what the caller
+        must do first: "evict-online" or "evict-reclaimed", else None."""
+        cur = self.current
+        expired = cur.deadline is None or now >= cur.deadline
+        if cur.state == TO_OFFLINE:
+            if online_left == 0 and (expired or online_policy == "wait"):
+                self._enter(OFFLINE, now)
+            elif expired and online_policy == "evict":
+                return "evict-online"
+        elif cur.state == TO_ONLINE and expired:
+            if reclaimed_left:
+                return "evict-reclaimed"
+            self._enter(ONLINE, now)
+        return None

@@ -1,0 +1,147 @@
+"""Reclaimed capacity ("elastic resources") for offline agents.
+
+capacity = allocatable - reserved - dedicated (unless lent) - estimated online demand
+
+* Online demand is the peak of online usage over the last ``window_s``
+  seconds times (1 + ``buffer``). When usage samples are missing or older
+  than ``stale_s`` (the sampler died, cgroup files vanished), it falls back to
+  the peak recorded for the same hour of the previous day (``HourlyHistory``,
+  kept on disk), then to the online requests.
+* Smoothing: the capacity shrinks at once, grows at most ``ramp_millicpu_per_s``
+  (and ``ramp_bytes_per_s``), and ignores rises under the dead-band.
+* Offline agents get whole cores and 512 MiB steps (floored), so a
+  ResourceManager never sees 11.73 vcores.
+
+Pure except for ``HourlyHistory``'s file; the caller passes the clock.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Deque, Dict, List, Optional, Tuple
+
+MIB = 1024 * 1024
+MEMORY_STEP = 512 * MIB
+
+
+@dataclass
+class HourlyHistory:
+    """Peak online usage per wall-clock hour (``YYYY-MM-DDTHH`` in UTC), 48 hours kept."""
+
+    path: Optional[str] = None
+    hours: Dict[str, Tuple[int, int]] = field(default_factory=dict)  # hour -> (peak millicpu, peak bytes)
+
+    @staticmethod
+    def key(epoch: float) -> str:
+        return time.strftime("%Y-%m-%dT%H", time.gmtime(epoch))
+
+    def record(self, epoch: float, millicpu: int, memory_bytes: int) -> None:
+        k = self.key(epoch)
+        old = self.hours.get(k, (0, 0))
+        self.hours[k] = (max(old[0], millicpu), max(old[1], memory_bytes))
+        if len(self.hours) > 48:
+            for stale in sorted(self.hours)[:-48]:
+                del self.hours[stale]
+
+    def yesterday(self, epoch: float) -> Optional[Tuple[int, int]]:
+        return self.hours.get(self.key(epoch - 86400))
+
+    def load(self) -> None:
+        if not self.path:
+            return
+        try:
+            with open(self.path) as handle:
+                data = json.load(handle)
+            self.hours = {k: (int(v[0]), int(v[1])) for k, v in data.get("hours", {}).items()}
+        except (OSError, ValueError, TypeError, IndexError):
+            self.hours = {}
+
+    def save(self) -> None:
+        if not self.path:
+            return
+        tmp = self.path + ".tmp"
+        with open(tmp, "w") as handle:
+            json.dump({"hours": {k: list(v) for k, v in sorted(self.hours.items())}}, handle)
+        os.replace(tmp, self.path)
+
+
+@dataclass(frozen=True)
+class Capacity:
+    millicpu: int
+    memory_bytes: int
+    source: str  # "usage", "yesterday", "requests"
+    numa: Tuple[Tuple[int, int, int], ...] = ()  # (node, millicpu, memory_bytes)
+
+
+@dataclass
+class CapacityEstimator:
+    window_s: float = 300.0
+    buffer: float = 0.2
+    stale_s: float = 10.0
+    ramp_millicpu_per_s: float = 500.0
+    ramp_bytes_per_s: float = 256 * MIB
+    deadband_millicpu: int = 500
+    deadband_bytes: int = 256 * MIB
+    history: HourlyHistory = field(default_factory=HourlyHistory)
+    _samples: Deque[Tuple[float, int, int]] = field(default_factory=deque)
+    _current: Optional[Tuple[int, int]] = None
+    _last_update: Optional[float] = None
+
+    def observe(self, now: float, epoch: float, online_millicpu: int, online_bytes: int) -> None:
+        self._samples.append((now, max(0, online_millicpu), max(0, online_bytes)))
+        while self._samples and self._samples[0][0] < now - self.window_s:
+            self._samples.popleft()
+        self.history.record(epoch, online_millicpu, online_bytes)
+
+    def demand(self, now: float, epoch: float, requests: Tuple[int, int]) -> Tuple[int, int, str]:
+        """(millicpu, bytes, source) of online demand, with the buffer."""
+        fresh = [s for s in self._samples if s[0] >= now - self.window_s]
+        if fresh and fresh[-1][0] >= now - self.stale_s:
+            cpu, mem = max(s[1] for s in fresh), max(s[2] for s in fresh)
+            source = "usage"
+        else:
+            past = self.history.yesterday(epoch)
+            if past is not None:
+                cpu, mem = past
+                source = "yesterday"
+            else:
+                return requests[0], requests[1], "requests"
+        return math.ceil(cpu * (1 + self.buffer)), math.ceil(mem * (1 + self.buffer)), source
+
+    def estimate(self, now: float, epoch: float, allocatable: Tuple[int, int], requests: Tuple[int, int],
+                 numa: Tuple[Tuple[int, int, int], ...] = ()) -> Capacity:
+        """``allocatable``: (millicpu, bytes) offline could have if online used nothing
+        (already net of reserved and unlent dedicated). ``numa``: per node the same."""
+        cpu_demand, mem_demand, source = self.demand(now, epoch, requests)
+        raw_cpu = max(0, allocatable[0] - cpu_demand)
+        raw_mem = max(0, allocatable[1] - mem_demand)
+        if self._current is None:
+            cur_cpu, cur_mem = raw_cpu, raw_mem
+        else:
+            elapsed = max(0.0, now - (self._last_update or now))
+            cur_cpu = self._smooth(self._current[0], raw_cpu, self.deadband_millicpu, self.ramp_millicpu_per_s * elapsed)
+            cur_mem = self._smooth(self._current[1], raw_mem, self.deadband_bytes, self.ramp_bytes_per_s * elapsed)
+        self._current, self._last_update = (cur_cpu, cur_mem), now
+        cpu = cur_cpu // 1000 * 1000
+        mem = cur_mem // MEMORY_STEP * MEMORY_STEP
+        per_node = []
+        if numa:
+            total_alloc = sum(n[1] for n in numa) or 1
+            for node, node_cpu, node_mem in numa:
+                share = node_cpu / total_alloc
+                per_node.append((node, min(node_cpu, int(cpu * share)) // 1000 * 1000,
+                                 min(node_mem, int(mem * share)) // MEMORY_STEP * MEMORY_STEP))
+        return Capacity(cpu, mem, source, tuple(per_node))
+
+    @staticmethod
+    def _smooth(current: int, raw: int, deadband: int, ramp: float) -> int:
+        if raw <= current:
+            return raw  # shrink at once
+        if raw - current < deadband:
+            return current
+        return int(min(raw, current + ramp))
