@@ -10,7 +10,10 @@ STAMP  := $(VENV)/.installed
 TEST_TMP := $(shell [ -d /dev/shm ] && [ -w /dev/shm ] && echo /dev/shm || echo $${TMPDIR:-/tmp})
 PYTEST_ARGS ?=
 
-.PHONY: all install deps test run bench clean
+PREFIX ?= /opt/tidal
+UNIT_DIR ?= /etc/systemd/system
+
+.PHONY: all install install-service deps test run bench clean
 
 all: test
 
@@ -20,6 +23,16 @@ $(STAMP): pyproject.toml
 	@touch $@
 
 install: $(STAMP)
+
+# A system-wide install with the systemd unit (root): a venv in $(PREFIX), the unit in $(UNIT_DIR).
+install-service:
+	$(PYTHON) -m venv $(PREFIX)/venv
+	$(PREFIX)/venv/bin/pip install --quiet --disable-pip-version-check .
+	install -D -m 0644 systemd/tidal.service $(UNIT_DIR)/tidal.service
+	install -D -m 0644 README.md /usr/local/share/doc/tidal/README.md
+	@if command -v systemctl >/dev/null 2>&1 && [ -d /run/systemd/system ]; then \
+		systemctl daemon-reload && echo "installed; start with: systemctl enable --now tidal"; \
+	else echo "installed $(UNIT_DIR)/tidal.service (no running systemd here to load it)"; fi
 
 deps:
 	@sh scripts/install-debian-packages.sh scripts/debian-packages.txt

@@ -74,9 +74,19 @@ class _Handler(BaseHTTPRequestHandler):
         agent = self.server.agent
         parts = [p for p in urlsplit(self.path).path.split("/") if p]
         try:
-            if parts[:1] != ["v1"]:
+            if parts[:1] != ["v1"] and parts != ["metrics"]:
                 raise NotFound(f"no such path {self.path!r}")
             route = parts[1:]
+            if method == "GET" and parts == ["metrics"]:
+                from agent.reporter.metrics import CONTENT_TYPE, render
+
+                body = render(agent)
+                self.send_response(200)
+                self.send_header("Content-Type", CONTENT_TYPE)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+                return None
             if method == "GET" and route == ["health"]:
                 return self._send(200, {"ok": True})
             if method == "GET" and route == ["status"]:

@@ -257,6 +257,81 @@ def status(socket_path: str, as_json: bool) -> None:
         click.echo("  ".join(x.ljust(w) for x, w in zip(row, widths)).rstrip())
 
 
+@main.command()
+@SOCKET_OPTION
+@click.option("--format", "fmt", default="tidal", show_default=True, type=click.Choice(["tidal", "yarn", "mesos"]))
+@click.option("--watch", is_flag=True, help="Print every change (long-poll) until interrupted.")
+@click.option("--json", "as_json", is_flag=True, help="JSON output.")
+def capacity(socket_path: str, fmt: str, watch: bool, as_json: bool) -> None:
+    """The reclaimed capacity offline agents may use now."""
+    client = _client(socket_path)
+    generation = None
+    while True:
+        path = "/v1/capacity?format=tidal"
+        if generation is not None:
+            path += f"&wait_generation={generation}&timeout=60"
+        doc = client.request("GET", path)
+        if generation is None or doc["generation"] != generation:
+            _print_capacity(doc, fmt, as_json)
+        if not watch:
+            return
+        generation = doc["generation"]
+
+
+def _print_capacity(doc, fmt: str, as_json: bool) -> None:
+    from agent.api import render_capacity
+
+    shaped = render_capacity(doc, fmt)
+    if as_json or fmt != "tidal":
+        click.echo(json.dumps(shaped))
+        return
+    r = doc["reclaimed"]
+    line = (f"{doc['updated_at']}  gen {doc['generation']}  {doc['node_state']}  reclaimed {r['millicpu'] / 1000:g} cpus, "
+            f"{r['memory_bytes'] / 2 ** 30:.1f} GiB on cpus {r['cpus'] or '-'}  ({doc['source']})")
+    if doc.get("deadline"):
+        line += f"  deadline {doc['deadline']}"
+    click.echo(line)
+
+
+@main.group(cls=_Group)
+def node() -> None:
+    """Whole-machine lending: Online -> OnlineToOffline -> Offline -> OfflineToOnline -> Online."""
+
+
+def _show_node(data, as_json: bool) -> None:
+    if as_json:
+        emit_json(data)
+    else:
+        extra = f", deadline {data['deadline']}" if data.get("deadline") else ""
+        click.echo(f"{data['state']} since {data['since'] or 'start'}{extra}")
+
+
+@node.command("lend")
+@SOCKET_OPTION
+@click.option("--notice", default="60s", show_default=True, help="Time online workloads get to finish.")
+@click.option("--json", "as_json", is_flag=True)
+def node_lend(socket_path: str, notice: str, as_json: bool) -> None:
+    """Lend the whole machine to offline work."""
+    _show_node(_client(socket_path).request("POST", "/v1/node/lend", {"notice": notice}), as_json)
+
+
+@node.command("reclaim")
+@SOCKET_OPTION
+@click.option("--notice", default="60s", show_default=True, help="Time offline work gets before it is killed.")
+@click.option("--json", "as_json", is_flag=True)
+def node_reclaim(socket_path: str, notice: str, as_json: bool) -> None:
+    """Take the machine back for online work."""
+    _show_node(_client(socket_path).request("POST", "/v1/node/reclaim", {"notice": notice}), as_json)
+
+
+@node.command("status")
+@SOCKET_OPTION
+@click.option("--json", "as_json", is_flag=True)
+def node_status(socket_path: str, as_json: bool) -> None:
+    """The node's lending state."""
+    _show_node(_client(socket_path).request("GET", "/v1/node"), as_json)
+
+
 @main.group(cls=_Group)
 def bench() -> None:
     """Benchmarks (JSON out; comparisons side by side in one run)."""

@@ -618,8 +618,14 @@ class Agent:
                   + (f" and 127.0.0.1:{self.config.tcp_port}" if self.config.tcp_port else "")
                   + f"; state {self.store.path}; pid {os.getpid()}; stop with SIGTERM or Ctrl-C")
         previous = {sig: signal.signal(sig, self.stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+        from agent import sdnotify
+
+        sdnotify.notify("READY=1\nSTATUS=serving " + self.config.socket_path)
+        watchdog = sdnotify.watchdog_enabled()
         try:
             while not self._stop.wait(self.config.period):
+                if watchdog:
+                    sdnotify.notify("WATCHDOG=1")
                 try:
                     self.tick()
                 except TidalError as exc:
@@ -633,6 +639,12 @@ class Agent:
         return 0
 
     def shutdown(self) -> None:
+        from agent import sdnotify
+
+        sdnotify.notify("STOPPING=1")
+        self._stop.set()
+        with self.changed:
+            self.changed.notify_all()  # wake long-pollers
         if self._server is not None:
             self._server.close()
         if self.config.revert_on_exit and self.reconciler is not None:

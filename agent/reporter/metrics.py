@@ -1,0 +1,92 @@
+"""Prometheus metrics of the agent (``GET /metrics``), read from its state at scrape time.
+
+A custom collector over the agent (no background updating): pool sizes per
+NUMA node, reclaimed capacity, per-workload usage, evictions by tier,
+reconcile duration and count, drift repairs, node state.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+NODE_STATES = ("Online", "OnlineToOffline", "Offline", "OfflineToOnline")
+
+
+class AgentCollector(Collector):
+    def __init__(self, agent) -> None:
+        self.agent = agent
+
+    def collect(self) -> Iterator:
+        from agent.qrm.policy import pools
+
+        agent = self.agent
+        with agent.lock:
+            topo, state = agent.topology, agent.state
+            pool = pools(topo, state)
+            sizes = GaugeMetricFamily("tidal_pool_cpus", "cpus in each pool, per NUMA node", labels=["pool", "numa"])
+            for name in ("reserved", "shared", "reclaimed", "dedicated"):
+                members = set(getattr(pool, name))
+                for numa in topo.numa_ids():
+                    sizes.add_metric([name, str(numa)], len(members & set(topo.cpus_in_numa(numa))))
+            yield sizes
+            cap = agent.capacity
+            g = GaugeMetricFamily("tidal_reclaimed_capacity_millicpu", "reclaimed cpu offline agents may use")
+            g.add_metric([], cap.millicpu if cap else 0)
+            yield g
+            g = GaugeMetricFamily("tidal_reclaimed_capacity_memory_bytes", "reclaimed memory offline agents may use")
+            g.add_metric([], cap.memory_bytes if cap else 0)
+            yield g
+            g = GaugeMetricFamily("tidal_capacity_generation", "changes of the reported capacity")
+            g.add_metric([], agent.generation)
+            yield g
+            usage = GaugeMetricFamily("tidal_workload_usage_millicpu", "cpu used by each workload",
+                                      labels=["workload", "qos"])
+            requested = GaugeMetricFamily("tidal_workload_request_millicpu", "cpu each workload asked for",
+                                          labels=["workload", "qos"])
+            from agent.isolation.cgroups.layout import workload_path
+
+            for alloc in state.allocations:
+                labels = [alloc.name, alloc.qos.value]
+                requested.add_metric(labels, alloc.millicpu)
+                value = agent.usage.get(workload_path(agent.config.cgroup_base, alloc))
+                if value is not None:
+                    usage.add_metric(labels, value)
+            yield usage
+            yield requested
+            ev = CounterMetricFamily("tidal_evictions", "reclaimed workloads evicted, by tier", labels=["tier"])
+            for tier, count in agent.evictions_by_tier.items():
+                ev.add_metric([tier], count)
+            yield ev
+            c = CounterMetricFamily("tidal_reconciles", "reconcile passes")
+            c.add_metric([], agent.counters["reconciles"])
+            yield c
+            c = CounterMetricFamily("tidal_drift_repairs", "cgroup files changed by others and repaired")
+            c.add_metric([], agent.counters["drift_repairs"])
+            yield c
+            c = CounterMetricFamily("tidal_reconcile_failures", "cgroup writes the kernel refused")
+            c.add_metric([], agent.counters["reconcile_failures"])
+            yield c
+            g = GaugeMetricFamily("tidal_reconcile_duration_seconds", "duration of the last reconcile pass")
+            g.add_metric([], agent.last_reconcile_ms / 1000.0)
+            yield g
+            g = GaugeMetricFamily("tidal_online_usage_millicpu", "online (non-dedicated, non-reclaimed) cpu use")
+            g.add_metric([], agent.online_millicpu)
+            yield g
+            g = GaugeMetricFamily("tidal_node_state", "1 for the node's lending state", labels=["state"])
+            for name in NODE_STATES:
+                g.add_metric([name], 1 if agent.lending.current.state == name else 0)
+            yield g
+
+
+def render(agent) -> bytes:
+    registry = getattr(agent, "_metrics_registry", None)
+    if registry is None:
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(AgentCollector(agent))
+        agent._metrics_registry = registry
+    return generate_latest(registry)
