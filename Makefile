@@ -13,7 +13,7 @@ PYTEST_ARGS ?=
 PREFIX ?= /opt/tidal
 UNIT_DIR ?= /etc/systemd/system
 
-.PHONY: all install install-service deps test run bench clean
+.PHONY: all install deps test run bench clean
 
 all: test
 
@@ -22,10 +22,8 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[test]'
 	@touch $@
 
-install: $(STAMP)
-
 # A system-wide install with the systemd unit (root): a venv in $(PREFIX), the unit in $(UNIT_DIR).
-install-service:
+install:
 	$(PYTHON) -m venv $(PREFIX)/venv
 	$(PREFIX)/venv/bin/pip install --quiet --disable-pip-version-check .
 	install -D -m 0644 systemd/tidal.service $(UNIT_DIR)/tidal.service

@@ -127,6 +127,15 @@ def parse_reserved(value: Optional[str]):
               help="Create the tree at each hierarchy's root, or under the agent's own cgroup (delegation).")
 @click.option("--no-resize", is_flag=True, help="Keep the reclaim pool at its maximum instead of sizing it from usage.")
 @click.option("--revert", is_flag=True, help="On exit, put the kernel back as the agent found it.")
+@click.option("--push-command", default=None, metavar="JSON-ARGV",
+              help='Run this argument vector on every capacity change, e.g. \'["/usr/local/bin/report", "--node", "n1"]\'.')
+@click.option("--push-url", default=None, help="POST the capacity (YARN shape) to this URL on every change.")
+@click.option("--eviction-grace", default=10.0, show_default=True, type=click.FloatRange(0, 3600),
+              help="Seconds over-committed reclaimed work is throttled before whole workloads are evicted.")
+@click.option("--online-policy", default="wait", show_default=True, type=click.Choice(["wait", "evict"]),
+              help="Lending: wait for online workloads to finish, or evict them when the notice ends.")
+@click.option("--hook", "hooks", multiple=True, metavar="STATE=JSON-ARGV",
+              help='Run an argument vector on entering a node state, e.g. Offline=\'["/usr/local/bin/on-lent"]\'.')
 @click.option("--no-confine-self", is_flag=True,
               help="Do not move the agent itself into the system pool (the reserved cpus).")
 @click.option("--record-cgroups", is_flag=True,
@@ -134,8 +143,8 @@ def parse_reserved(value: Optional[str]):
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["debug", "info", "warning", "error"]))
 def agent(root: str, socket_path: str, state_dir: str, reserved_cpus, period: float, tcp_port, cgroup_base: str,
-          cgroup_parent: str, no_resize: bool, revert: bool, no_confine_self: bool, record_cgroups: bool,
-          log_level: str) -> None:
+          cgroup_parent: str, no_resize: bool, revert: bool, push_command, push_url, eviction_grace: float,
+          online_policy: str, hooks, no_confine_self: bool, record_cgroups: bool, log_level: str) -> None:
     """Run the node agent in the foreground (what `make run` and the systemd unit start)."""
     import logging
 
@@ -145,8 +154,35 @@ def agent(root: str, socket_path: str, state_dir: str, reserved_cpus, period: fl
     config = AgentConfig(root=root, socket_path=socket_path, state_dir=state_dir,
                          reserved_cpus=parse_reserved(reserved_cpus), period=period, tcp_port=tcp_port,
                          cgroup_base=cgroup_base, cgroup_parent=cgroup_parent, resize=not no_resize,
-                         revert_on_exit=revert, record_cgroups=record_cgroups, confine_self=not no_confine_self)
+                         revert_on_exit=revert, record_cgroups=record_cgroups, confine_self=not no_confine_self,
+                         push_command=parse_argv("--push-command", push_command), push_url=push_url,
+                         eviction_grace=eviction_grace, online_policy=online_policy, hooks=parse_hooks(hooks))
     sys.exit(Agent(config, echo=click.echo).run())
+
+
+def parse_argv(option: str, value: Optional[str]):
+    """An argument vector given as a JSON list of strings (never a shell string)."""
+    if value is None:
+        return None
+    try:
+        argv = json.loads(value)
+    except json.JSONDecodeError:
+        raise TidalError(f'{option}: expected a JSON list of strings, e.g. \'["/usr/bin/cmd", "arg"]\'') from None
+    if not isinstance(argv, list) or not argv or not all(isinstance(a, str) and a for a in argv):
+        raise TidalError(f"{option}: expected a non-empty JSON list of non-empty strings")
+    return argv
+
+
+def parse_hooks(values):
+    from agent.lending import STATES
+
+    hooks = {}
+    for value in values:
+        state, sep, argv = value.partition("=")
+        if not sep or state not in STATES:
+            raise TidalError(f"--hook: expected STATE=JSON-ARGV with STATE one of {', '.join(STATES)}, got {value!r}")
+        hooks[state] = parse_argv(f"--hook {state}", argv)
+    return hooks
 
 
 def _client(socket_path: str):

@@ -73,6 +73,9 @@ class AgentConfig:
     online_policy: str = "wait"  # lending: "wait" for online workloads to finish, or "evict" them at the notice end
     hooks: Dict[str, List[str]] = field(default_factory=dict)  # node state -> argv run on entering it
     memory_reserved_bytes: Optional[int] = None  # kept from offline agents (default: 5% of memory, at least 1 GiB)
+    push_command: Optional[List[str]] = None  # argv run with the capacity on every change
+    push_url: Optional[str] = None  # POSTed the capacity (YARN shape) on every change
+    push_format: str = "yarn"
     cgroup_options: CgroupOptions = field(default_factory=CgroupOptions)
 
 
@@ -123,6 +126,11 @@ class Agent:
         self.online_millicpu = 0
         self.online_bytes = 0
         self.kill_signal = signal.SIGKILL
+        self.pusher = None
+        if config.push_command or config.push_url:
+            from agent.reporter.push import Pusher
+
+            self.pusher = Pusher(config.push_command, config.push_url, config.push_format)
         self.last_report: Optional[ReconcileReport] = None
         self.last_reconcile_ms = 0.0
         self._stop = threading.Event()
@@ -469,6 +477,8 @@ class Agent:
             self.generation += 1
             self.updated_at = epoch
             self.changed.notify_all()
+            if self.pusher is not None and self.topology is not None and self.state is not None:
+                self.pusher.submit(self.capacity_doc())
         else:
             self.capacity = capacity
 
@@ -647,6 +657,8 @@ class Agent:
             self.changed.notify_all()  # wake long-pollers
         if self._server is not None:
             self._server.close()
+        if self.pusher is not None:
+            self.pusher.close()
         if self.config.revert_on_exit and self.reconciler is not None:
             with self.lock:
                 report = self.reconciler.revert()
