@@ -1,0 +1,247 @@
+"""Capacity API, long-poll, eviction tiers, lending and push, on an agent whose kernel writes are recorded."""
+
+import json
+import threading
+import time
+
+import pytest
+
+from agent.client import AgentClient
+from agent.daemon import Agent, AgentConfig
+from agent.isolation.cgroups.driver import RecordingCgroups
+from agent.reporter.usage import UsageSample
+from agent.topology.synthetic import Shape, build_topology
+
+TOPO = build_topology(Shape(sockets=1, numa_per_socket=2, cores_per_numa=4, threads_per_core=1))  # 8 cpus
+
+
+class FakeSampler:
+    """Usage as the test says: ``online`` millicpu of online work, ``offline`` of reclaimed work."""
+
+    def __init__(self) -> None:
+        self.online = 0
+        self.offline = 0
+
+    def sample(self, now, cgroups):
+        per_cgroup = {"tidal/reclaimed": self.offline, "tidal/dedicated": 0}
+        return UsageSample({}, per_cgroup, self.online + self.offline)
+
+
+def make_agent(tmp_path, name="a", **overrides):
+    config = AgentConfig(socket_path=str(tmp_path / f"{name}.sock"), state_dir=str(tmp_path / "state"),
+                         empty_grace=3600, memory_reserved_bytes=0, **overrides)
+    agent = Agent(config, echo=lambda line: None, driver=RecordingCgroups(), topology=TOPO)
+    agent.start()
+    agent.sampler = FakeSampler()
+    agent.estimator.window_s = 2.0
+    agent.serve()
+    return agent
+
+
+@pytest.fixture()
+def agent(tmp_path):
+    agent = make_agent(tmp_path)
+    yield agent
+    agent.shutdown()
+
+
+def get(agent, path):
+    return AgentClient(agent.config.socket_path, timeout=15).call("GET", path)
+
+
+def test_capacity_shapes(agent):
+    status, doc = get(agent, "/v1/capacity")
+    assert status == 200
+    assert set(doc) >= {"node_state", "generation", "updated_at", "valid_seconds", "reclaimed"}
+    assert doc["node_state"] == "Online" and doc["updated_at"].endswith("Z")
+    reclaimed = doc["reclaimed"]
+    assert reclaimed["millicpu"] == 8000  # nothing online yet: every cpu, reserved included, at idle priority
+    assert [n["id"] for n in reclaimed["numa"]] == [0, 1] and sum(n["millicpu"] for n in reclaimed["numa"]) <= 8000
+    status, yarn = get(agent, "/v1/capacity?format=yarn")
+    assert yarn == {"vcores": 8, "memory-mb": reclaimed["memory_bytes"] // 2 ** 20}
+    status, mesos = get(agent, "/v1/capacity?format=mesos")
+    assert mesos["resources"][0] == {"name": "cpus", "type": "SCALAR", "scalar": {"value": 8.0}, "revocable": {}}
+    assert mesos["resources"][1]["name"] == "mem"
+
+
+@pytest.mark.parametrize("query,message", [
+    ("format=xml", "format must be"),
+    ("wait_generation=abc", "must be an integer"),
+    ("wait_generation=1&timeout=-1", "timeout within"),
+    ("wait_generation=1&timeout=99999", "timeout within"),
+    ("timeout=5", "goes with wait_generation"),
+    ("colour=red", "unknown query parameter"),
+    ("format=yarn&format=mesos", "given once"),
+    ("format", "malformed query"),
+], ids=["bad-format", "bad-generation", "negative-timeout", "huge-timeout", "timeout-alone", "unknown",
+        "duplicate", "malformed"])
+def test_bad_capacity_queries_are_400_and_the_agent_keeps_serving(agent, query, message):
+    status, doc = get(agent, f"/v1/capacity?{query}")
+    assert status == 400 and message in doc["error"], doc
+    assert get(agent, "/v1/health") == (200, {"ok": True})
+
+
+def test_long_poll_wakes_on_change_within_one_period(agent):
+    status, doc = get(agent, "/v1/capacity")
+    generation = doc["generation"]
+    answer = {}
+
+    def poll():
+        start = time.monotonic()
+        answer["status"], answer["doc"] = get(agent, f"/v1/capacity?wait_generation={generation}&timeout=20")
+        answer["waited"] = time.monotonic() - start
+
+    poller = threading.Thread(target=poll)
+    poller.start()
+    time.sleep(0.3)
+    assert poller.is_alive()  # nothing changed yet: still waiting
+    agent.sampler.online = 6000  # online load rises
+    agent.tick(now=100.0)
+    poller.join(timeout=10)
+    assert answer["status"] == 200 and answer["doc"]["generation"] > generation
+    assert answer["doc"]["reclaimed"]["millicpu"] == 0  # 8000 - 6000 x 1.2 < 1000: floored to 0
+    assert answer["waited"] < 5
+
+
+def test_long_poll_times_out_with_the_same_generation(agent):
+    status, doc = get(agent, "/v1/capacity")
+    status, again = get(agent, f"/v1/capacity?wait_generation={doc['generation']}&timeout=0.5")
+    assert status == 200 and again["generation"] == doc["generation"]
+
+
+def test_low_tier_is_evicted_before_min_and_high(tmp_path):
+    agent = make_agent(tmp_path, eviction_grace=5)
+    try:
+        for name, tier in (("old-low", "low"), ("high", "high"), ("min", "min"), ("young-low", "low")):
+            agent.admit({"name": name, "qos": "reclaimed_cores", "millicpu": 1500, "tier": tier})
+            agent.attach(name, 10_000 + len(agent.state.allocations))
+        agent.sampler.online = 3000  # capacity -> 8000 - 3600 = 4400 -> 4000: 6000 asked
+        agent.tick(now=10.0)
+        assert agent.state.reclaim_millicpu == 4000
+        assert len(agent.state.allocations) == 4  # throttled, not yet evicted
+        agent.tick(now=16.0)
+        evicted = [e["name"] for e in agent.evictions]
+        assert evicted == ["young-low", "old-low"]  # low first, youngest first; then 3000 fits in 4000
+        assert [a.name for a in agent.state.allocations] == ["high", "min"]
+        kills = [op for op in agent.driver.ops if op[0] == "kill"]
+        assert [op[1] for op in kills] == ["tidal/reclaimed/low/young-low", "tidal/reclaimed/low/old-low"]
+        assert agent.evictions_by_tier == {"low": 2, "min": 0, "high": 0}
+        agent.sampler.online = 5000  # capacity -> 2000: min goes next, high stays
+        agent.tick(now=20.0)
+        agent.tick(now=26.0)
+        assert [e["name"] for e in agent.evictions][2:] == ["min"]
+        assert "reclaimed capacity fell to 2000 millicpu" in agent.evictions[-1]["reason"]
+    finally:
+        agent.shutdown()
+
+
+def test_lending_round_trip_with_notice_and_a_restart_in_the_middle(tmp_path):
+    log = tmp_path / "hooks.log"
+    hook = ["sh", "-c", f'echo "$TIDAL_NODE_FROM>$TIDAL_NODE_TO" >> {log}']
+    hooks = {state: hook for state in ("OnlineToOffline", "Offline", "OfflineToOnline", "Online")}
+    agent = make_agent(tmp_path, hooks=hooks)
+    client = AgentClient(agent.config.socket_path, timeout=15)
+    agent.admit({"name": "web", "qos": "shared_cores", "millicpu": 2000})
+    node = client.request("POST", "/v1/node/lend", {"notice": "1s"})
+    assert node["state"] == "OnlineToOffline" and node["deadline"]
+    status, err = client.call("POST", "/v1/workloads", {"name": "new", "qos": "shared_cores", "millicpu": 100})
+    assert status == 409 and "OnlineToOffline" in err["error"]
+    agent.tick(now=1.0)
+    assert agent.lending.current.state == "OnlineToOffline"  # online work still there: wait for it
+    agent.release("web")
+    agent.tick(now=2.0)
+    assert agent.lending.current.state == "Offline"
+    capacity = client.request("GET", "/v1/capacity")
+    assert capacity["node_state"] == "Offline" and capacity["reclaimed"]["millicpu"] == 8000
+    status, err = client.call("POST", "/v1/workloads", {"name": "web2", "qos": "dedicated_cores", "cpus": 1})
+    assert status == 409 and "lent" in err["error"]
+    agent.admit({"name": "batch", "qos": "reclaimed_cores", "millicpu": 4000})
+    agent.attach("batch", 4242)
+    node = client.request("POST", "/v1/node/reclaim", {"notice": "2s"})
+    assert node["state"] == "OfflineToOnline"
+    capacity = client.request("GET", "/v1/capacity")
+    assert capacity["target"] == {"millicpu": 0, "memory_bytes": 0} and capacity["deadline"]
+    agent.shutdown()
+    # the agent restarts in the middle of the notice window
+    again = make_agent(tmp_path, name="b", hooks=hooks)
+    try:
+        assert again.lending.current.state == "OfflineToOnline"
+        assert again.state.get("batch") is not None
+        again.tick(now=1.0)
+        assert again.lending.current.state == "OfflineToOnline"  # the notice is honoured across the restart
+        time.sleep(max(0.0, again.lending.current.deadline - time.time()) + 0.05)
+        again.tick(now=3.0)
+        assert again.lending.current.state == "Online"
+        assert again.state.get("batch") is None and again.evictions[-1]["name"] == "batch"
+        assert "notice ended" in again.evictions[-1]["reason"]
+        assert log.read_text().split() == ["Online>OnlineToOffline", "OnlineToOffline>Offline",
+                                           "Offline>OfflineToOnline", "OfflineToOnline>Online"]
+    finally:
+        again.shutdown()
+
+
+@pytest.mark.parametrize("path,body,status,message", [
+    ("/v1/node/lend", {"notice": "-5s"}, 400, "between 0 and 7 days"),
+    ("/v1/node/lend", {"notice": "soon"}, 400, "duration"),
+    ("/v1/node/lend", {"notice": "1s", "force": True}, 400, "unknown field"),
+    ("/v1/node/reclaim", {"notice": "1s"}, 409, "not Offline"),
+], ids=["negative-notice", "garbage-notice", "unknown-field", "reclaim-while-online"])
+def test_bad_lending_requests(agent, path, body, status, message):
+    got, data = AgentClient(agent.config.socket_path).call("POST", path, body)
+    assert got == status and message in data["error"]
+    assert agent.lending.current.state == "Online"
+
+
+def test_push_to_an_unreachable_url_never_blocks_the_loop(tmp_path):
+    agent = make_agent(tmp_path, push_url="http://127.0.0.1:9/capacity")
+    try:
+        agent.sampler.online = 1000
+        start = time.monotonic()
+        for i in range(5):
+            agent.tick(now=10.0 + i)
+        assert time.monotonic() - start < 2.0
+        deadline = time.monotonic() + 10
+        while agent.pusher.failures < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert agent.pusher.failures >= 2 and agent.pusher.sent == 0  # retried, with backoff
+        assert get(agent, "/v1/health")[0] == 200
+    finally:
+        agent.shutdown()
+
+
+def test_push_command_gets_the_yarn_body(tmp_path):
+    out = tmp_path / "pushed.json"
+    agent = make_agent(tmp_path, push_command=["sh", "-c", f'cat > {out}; echo "$TIDAL_VCORES" >> {out}.env'])
+    try:
+        agent.sampler.online = 2000
+        agent.tick(now=5.0)
+        deadline = time.monotonic() + 10
+        while agent.pusher.sent < 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        body = json.loads(out.read_text())
+        assert body == {"vcores": agent.capacity.millicpu // 1000, "memory-mb": agent.capacity.memory_bytes // 2 ** 20}
+        assert (tmp_path / "pushed.json.env").read_text().split()[-1] == str(body["vcores"])
+    finally:
+        agent.shutdown()
+
+
+def test_metrics(agent):
+    agent.admit({"name": "web", "qos": "dedicated_cores", "cpus": 2})
+    conn = AgentClient(agent.config.socket_path)
+    import http.client
+    import socket
+
+    class Raw(http.client.HTTPConnection):
+        def connect(self):
+            self.sock = socket.socket(socket.AF_UNIX)
+            self.sock.connect(agent.config.socket_path)
+
+    raw = Raw("localhost")
+    raw.request("GET", "/metrics")
+    response = raw.getresponse()
+    text = response.read().decode()
+    assert response.status == 200 and response.getheader("Content-Type").startswith("text/plain")
+    assert 'tidal_pool_cpus{numa="0",pool="dedicated"} 2.0' in text
+    assert "tidal_reclaimed_capacity_millicpu" in text and 'tidal_evictions_total{tier="low"} 0.0' in text
+    assert 'tidal_node_state{state="Online"} 1.0' in text and "tidal_reconcile_duration_seconds" in text
+    assert 'tidal_workload_request_millicpu{qos="dedicated_cores",workload="web"} 2000.0' in text
