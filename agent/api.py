@@ -246,7 +246,9 @@ def _prepare_socket_path(path: str) -> None:
             probe.close()
 
 
-def serve_agent(agent, socket_path: str, tcp_port: Optional[int] = None) -> Servers:
+def serve_agent(agent, socket_path: str, tcp_port: Optional[int] = None, poll_interval: float = 0.5) -> Servers:
+    """Serve in daemon threads. ``poll_interval`` is how often an idle server wakes
+    to check for shutdown: each wake costs cpu, so the agent keeps it long."""
     _prepare_socket_path(socket_path)
     old_umask = os.umask(0o177)
     try:
@@ -261,6 +263,6 @@ def serve_agent(agent, socket_path: str, tcp_port: Optional[int] = None) -> Serv
         tcp.agent = agent
         servers.append(tcp)
     for server in servers:
-        threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, name="tidal-api",
+        threading.Thread(target=server.serve_forever, kwargs={"poll_interval": poll_interval}, name="tidal-api",
                          daemon=True).start()
     return Servers(servers, socket_path)

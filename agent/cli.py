@@ -136,6 +136,8 @@ def parse_reserved(value: Optional[str]):
               help="Lending: wait for online workloads to finish, or evict them when the notice ends.")
 @click.option("--hook", "hooks", multiple=True, metavar="STATE=JSON-ARGV",
               help='Run an argument vector on entering a node state, e.g. Offline=\'["/usr/local/bin/on-lent"]\'.')
+@click.option("--guard-interval", default=0.05, show_default=True, type=click.FloatRange(0, 10),
+              help="Seconds between the fast guard's checks of online saturation (0: off; the period still acts).")
 @click.option("--no-confine-self", is_flag=True,
               help="Do not move the agent itself into the system pool (the reserved cpus).")
 @click.option("--record-cgroups", is_flag=True,
@@ -144,7 +146,8 @@ def parse_reserved(value: Optional[str]):
               type=click.Choice(["debug", "info", "warning", "error"]))
 def agent(root: str, socket_path: str, state_dir: str, reserved_cpus, period: float, tcp_port, cgroup_base: str,
           cgroup_parent: str, no_resize: bool, revert: bool, push_command, push_url, eviction_grace: float,
-          online_policy: str, hooks, no_confine_self: bool, record_cgroups: bool, log_level: str) -> None:
+          online_policy: str, hooks, guard_interval: float, no_confine_self: bool, record_cgroups: bool,
+          log_level: str) -> None:
     """Run the node agent in the foreground (what `make run` and the systemd unit start)."""
     import logging
 
@@ -156,7 +159,8 @@ def agent(root: str, socket_path: str, state_dir: str, reserved_cpus, period: fl
                          cgroup_base=cgroup_base, cgroup_parent=cgroup_parent, resize=not no_resize,
                          revert_on_exit=revert, record_cgroups=record_cgroups, confine_self=not no_confine_self,
                          push_command=parse_argv("--push-command", push_command), push_url=push_url,
-                         eviction_grace=eviction_grace, online_policy=online_policy, hooks=parse_hooks(hooks))
+                         eviction_grace=eviction_grace, online_policy=online_policy, hooks=parse_hooks(hooks),
+                         guard_interval=guard_interval)
     sys.exit(Agent(config, echo=click.echo).run())
 
 
@@ -413,6 +417,27 @@ def bench_cpu_isolation(duration: float, repeats: int, period_ms: float, work_us
     from agent.bench.cpu_isolation import run
 
     emit_json(run(duration, repeats, period_ms, work_us))
+
+
+@bench.command("reaction")
+@click.option("--steps", default=10, show_default=True, type=click.IntRange(1, 1000))
+@click.option("--json", "as_json", is_flag=True, help="JSON output (always JSON).")
+def bench_reaction(steps: int, as_json: bool) -> None:
+    """Online load step -> the reclaim pool shrunk in the kernel (needs root)."""
+    from agent.bench.reaction import run
+
+    emit_json(run(steps))
+
+
+@bench.command("overhead")
+@click.option("--workloads", default=200, show_default=True, type=click.IntRange(1, 5000))
+@click.option("--seconds", default=30.0, show_default=True, type=click.FloatRange(5, 3600))
+@click.option("--json", "as_json", is_flag=True, help="JSON output (always JSON).")
+def bench_overhead(workloads: int, seconds: float, as_json: bool) -> None:
+    """The agent's own cpu and memory at steady state with N workloads (needs root)."""
+    from agent.bench.overhead import run
+
+    emit_json(run(workloads, seconds))
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -76,6 +76,11 @@ class AgentConfig:
     push_command: Optional[List[str]] = None  # argv run with the capacity on every change
     push_url: Optional[str] = None  # POSTed the capacity (YARN shape) on every change
     push_format: str = "yarn"
+    guard_interval: float = 0.05  # the fast guard's sampling interval (0: off)
+    api_poll_interval: float = 0.5  # how often idle API threads wake (shutdown latency vs idle cpu)
+    drift_check_period: float = 30.0  # seconds between full reads of the cgroup tree (drift repair)
+    watch_period: float = 10.0  # seconds between checks for emptied workloads
+    usage_period: float = 10.0  # seconds between per-workload usage samples (pool aggregates: every period)
     cgroup_options: CgroupOptions = field(default_factory=CgroupOptions)
 
 
@@ -113,7 +118,7 @@ class Agent:
         self.seen_procs: Dict[str, bool] = {}
         self.created_at: Dict[str, float] = {}
         self.counters: Dict[str, int] = {"drift_repairs": 0, "reconciles": 0, "reconcile_failures": 0,
-                                         "released_empty": 0}
+                                         "released_empty": 0, "fast_shrinks": 0}
         self.estimator = CapacityEstimator(history=HourlyHistory(os.path.join(config.state_dir, "history.json")))
         self.lending = NodeLending(os.path.join(config.state_dir, "node.json"), config.hooks)
         self.capacity: Optional[Capacity] = None
@@ -134,6 +139,12 @@ class Agent:
         self.last_report: Optional[ReconcileReport] = None
         self.last_reconcile_ms = 0.0
         self._stop = threading.Event()
+        self._last_verify = -1e18
+        self._reconciled_key = None
+        self._paths = (None, {})
+        self._guard_view = (None, 0, 0)
+        self._last_watch = -1e18
+        self._last_usage = -1e18
         self._server = None
 
     # ---- start -------------------------------------------------------------
@@ -150,7 +161,11 @@ class Agent:
             mounts = detect(HostFS(cfg.root))
             self.driver = KernelCgroups(mounts, HostFS(cfg.root), parent=cfg.cgroup_parent)
         self.reconciler = Reconciler(self.driver, cfg.cgroup_base)
-        self.sampler = UsageSampler(self.driver.cpu_usage_ns)
+        base = cfg.cgroup_base
+        # the pool aggregates are read every period: through files kept open (see usage_reader)
+        self._aggregate_readers = {p: self.driver.usage_reader(p) for p in
+                                   (f"{base}/reclaimed", f"{base}/dedicated", f"{base}/shared", f"{base}/system")}
+        self.sampler = UsageSampler(self._cpu_usage_ns)
         os.makedirs(cfg.state_dir, exist_ok=True)
         self.estimator.history.load()
         self.lending.load()
@@ -189,6 +204,10 @@ class Agent:
         for warning in topo.warnings:
             self.echo(f"tidal agent: warning: {warning}")
 
+    def _cpu_usage_ns(self, path: str) -> Optional[int]:
+        reader = self._aggregate_readers.get(path)
+        return reader() if reader is not None else self.driver.cpu_usage_ns(path)
+
     def _originals_path(self) -> str:
         return os.path.join(self.config.state_dir, "originals.json")
 
@@ -209,14 +228,24 @@ class Agent:
 
     # ---- the state ---------------------------------------------------------
 
-    def reconcile(self) -> ReconcileReport:
+    def reconcile(self, verify: Optional[bool] = None) -> ReconcileReport:
+        """Apply the state to the kernel. ``verify``: read the whole tree back and
+        repair drift (default: when ``drift_check_period`` has passed)."""
         with self.lock:
             start = time.perf_counter()
+            if verify is None:
+                verify = start - self._last_verify >= self.config.drift_check_period
+            if verify:
+                self._last_verify = start
+            key = (id(self.state), self.state.reclaim_millicpu, self.config.cgroup_options)
+            if not verify and key == self._reconciled_key and self.last_report is not None:
+                return ReconcileReport()  # nothing changed since the last pass: no work at all
+            self._reconciled_key = key
             pool = pools(self.topology, self.state)
             options = replace(self.config.cgroup_options, base=self.config.cgroup_base,
                               reclaimed_cap_millicpu=self.state.reclaim_millicpu)
             specs = desired_tree(self.topology, self.state, pool, options, self.driver.features)
-            report = self.reconciler.apply(specs)
+            report = self.reconciler.apply(specs, verify=verify)
             self.last_reconcile_ms = (time.perf_counter() - start) * 1000
             self.counters["reconciles"] += 1
             self.counters["drift_repairs"] += len(report.repaired)
@@ -345,14 +374,25 @@ class Agent:
         epoch = time.time() if epoch is None else epoch
         with self.lock:
             base = self.config.cgroup_base
-            paths = {a.name: workload_path(base, a) for a in self.state.allocations}
-            sample = self.sampler.sample(now, [*paths.values(), f"{base}/reclaimed", f"{base}/dedicated",
-                                               f"{base}/shared", f"{base}/system"])
+            if self._paths[0] is not self.state:
+                self._paths = (self.state, {a.name: workload_path(base, a) for a in self.state.allocations})
+            paths = self._paths[1]
+            watch = now - self._last_watch >= self.config.watch_period
+            per_workload = now - self._last_usage >= self.config.usage_period
+            if per_workload:
+                self._last_usage = now
+            aggregates = [f"{base}/reclaimed", f"{base}/dedicated", f"{base}/shared", f"{base}/system"]
+            sample = self.sampler.sample(now, [*aggregates, *(paths.values() if per_workload else ())])
             if sample is not None:
-                self.usage = sample.per_cgroup_millicpu
+                self.usage.update(sample.per_cgroup_millicpu)
                 self.cpu_usage = sample.per_cpu_millicpu
                 self._observe(sample, now, epoch)
-            self._release_empty(paths, now)
+            if watch:
+                self._last_watch = now
+                self._release_empty(paths, now)
+                live = set(aggregates) | {workload_path(base, a) for a in self.state.allocations}
+                self.sampler.forget(live)
+                self.usage = {p: v for p, v in self.usage.items() if p in live}
             if self.config.resize and sample is not None:
                 self._resize(sample)
             self._refresh_capacity(now, epoch)
@@ -368,7 +408,8 @@ class Agent:
         try:
             import psutil
 
-            used = psutil.virtual_memory().total - psutil.virtual_memory().available
+            memory = psutil.virtual_memory()
+            used = memory.total - memory.available
         except Exception:  # noqa: BLE001
             used = 0
         offline_bytes = self.driver.memory_usage_bytes(f"{base}/reclaimed") or 0
@@ -616,14 +657,63 @@ class Agent:
     def stop(self, *_args) -> None:
         self._stop.set()
 
+    # ---- the fast guard: online gets its cores back between periods ---------
+
+    def start_guard(self) -> None:
+        if self.config.guard_interval <= 0 or self.config.record_cgroups or not self.config.resize:
+            return
+        threading.Thread(target=self._guard_loop, name="tidal-guard", daemon=True).start()
+
+    def _guard_loop(self) -> None:
+        """Every ``guard_interval``: online usage over the last interval from the
+        online cgroups' cpu counters (two file reads; nanosecond counters, so one
+        interval is enough). When online saturates its pool while cpus are lent,
+        take them all back now instead of at the next period. A false alarm costs
+        offline work a few periods of lending; a miss would cost online latency."""
+        base = self.config.cgroup_base
+        readers = [self.driver.usage_reader(p) for p in (f"{base}/shared", f"{base}/system")]
+        history: List[tuple] = []
+        while not self._stop.is_set():
+            time.sleep(self.config.guard_interval)  # Event.wait(timeout) costs ~10x the cpu of a sleep
+            now = time.monotonic()
+            total = sum(read() or 0 for read in readers)
+            history.append((now, total))
+            del history[:-2]
+            if len(history) < 2:
+                continue
+            (t0, u0), (t1, u1) = history[0], history[-1]
+            rate = (u1 - u0) / 1e6 / max(1e-6, t1 - t0)  # millicpu
+            with self.lock:
+                state_id, carved, online_cpus = self._guard_view
+                if state_id != id(self.state):  # pools change only with the state
+                    pool = pools(self.topology, self.state)
+                    carved = len(set(pool.reclaimed) - set(pool.lendable))
+                    online_cpus = len(pool.shared) + len(pool.reserved)
+                    self._guard_view = (id(self.state), carved, online_cpus)
+                if carved and rate >= self.sizer.saturation * online_cpus * 1000:
+                    self.shrink_now(rate)
+
+    def shrink_now(self, online_millicpu: float) -> None:
+        """Give the shared pool every lent cpu and cut the capacity, in the kernel, now."""
+        with self.lock:
+            lay = _layout(self.topology, self.state)
+            self.sizer.force(len(lay.free), int(online_millicpu))
+            lendable = len(pools(self.topology, self.state).lendable)
+            self.estimator.observe(time.monotonic(), time.time(), int(online_millicpu), self.online_bytes)
+            state = self._with_capacity(self.state.with_reclaim_cpus(lendable))
+            self._commit(state)
+            self.counters["fast_shrinks"] = self.counters.get("fast_shrinks", 0) + 1
+            self.reconcile()
+
     def serve(self) -> None:
         from agent.api import serve_agent
 
-        self._server = serve_agent(self, self.config.socket_path, self.config.tcp_port)
+        self._server = serve_agent(self, self.config.socket_path, self.config.tcp_port, self.config.api_poll_interval)
 
     def run(self) -> int:
         self.start()
         self.serve()
+        self.start_guard()
         self.echo(f"tidal agent: serving {self.config.socket_path}"
                   + (f" and 127.0.0.1:{self.config.tcp_port}" if self.config.tcp_port else "")
                   + f"; state {self.store.path}; pid {os.getpid()}; stop with SIGTERM or Ctrl-C")

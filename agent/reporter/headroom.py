@@ -52,6 +52,13 @@ class ReclaimSizer:
         self._shared_target = min(max(self._shared_target, shared_need), free_cpus)
         return self._shared_target
 
+    def force(self, shared_target: int, online_millicpu: int) -> None:
+        """Online saturated between periods: keep ``shared_target`` cpus from now on."""
+        self._history.append(max(0, online_millicpu))
+        while len(self._history) > self.window:
+            self._history.popleft()
+        self._shared_target, self._quiet = shared_target, 0
+
     def demand_millicpu(self) -> Optional[int]:
         """Recent peak online usage times (1 + buffer); ``None`` before any sample."""
         if not self._history:

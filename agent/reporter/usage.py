@@ -35,7 +35,7 @@ class UsageSampler:
         self.min_interval = min_interval
         self._last_time: Optional[float] = None
         self._last_cpu: Optional[List[float]] = None
-        self._last_cgroup: Dict[str, int] = {}
+        self._last_cgroup: Dict[str, tuple] = {}  # path -> (time, cumulative ns)
 
     def sample(self, now: float, cgroups: Iterable[str]) -> Optional[UsageSample]:
         """A sample of rates since the previous call (``None`` on the first call,
@@ -43,18 +43,26 @@ class UsageSampler:
         if self._last_time is not None and now - self._last_time < self.min_interval:
             return None
         cpu_busy = [_busy_seconds(t) for t in psutil.cpu_times(percpu=True)]
-        cg_now = {}
-        for path in cgroups:
+        per_cg: Dict[str, int] = {}
+        for path in cgroups:  # each path's rate is over the time since that path was last read
             value = self._cgroup_usage(path)
-            if value is not None:
-                cg_now[path] = value
+            if value is None:
+                continue
+            last = self._last_cgroup.get(path)
+            if last is not None and now - last[0] >= self.min_interval:
+                per_cg[path] = max(0, round((value - last[1]) / 1e9 / (now - last[0]) * 1000))
+            self._last_cgroup[path] = (now, value)
         result = None
         if self._last_time is not None and now > self._last_time:
             elapsed = now - self._last_time
             per_cpu = {i: max(0, min(1000, round((b - a) / elapsed * 1000)))
                        for i, (a, b) in enumerate(zip(self._last_cpu or [], cpu_busy))}
-            per_cg = {p: max(0, round((v - self._last_cgroup[p]) / 1e9 / elapsed * 1000))
-                      for p, v in cg_now.items() if p in self._last_cgroup}
             result = UsageSample(per_cpu, per_cg, sum(per_cpu.values()))
-        self._last_time, self._last_cpu, self._last_cgroup = now, cpu_busy, cg_now
+        self._last_time, self._last_cpu = now, cpu_busy
         return result
+
+    def forget(self, keep: Iterable[str]) -> None:
+        """Drop the counters of cgroups that are gone."""
+        keep = set(keep)
+        for path in [p for p in self._last_cgroup if p not in keep]:
+            del self._last_cgroup[path]

@@ -70,8 +70,9 @@ def procs():
 
 @pytest.fixture()
 def agent(tmp_path, base):
-    config = AgentConfig(socket_path=str(tmp_path / "a.sock"), state_dir=str(tmp_path / "state"),
-                         reserved_cpus=(), cgroup_base=base, cgroup_parent="self", empty_grace=3600, resize=False)
+    config = AgentConfig(api_poll_interval=0.05, socket_path=str(tmp_path / "a.sock"), state_dir=str(tmp_path / "state"),
+                         reserved_cpus=(), cgroup_base=base, cgroup_parent="self", empty_grace=3600, resize=False,
+                         drift_check_period=0, watch_period=0)
     agent = Agent(config, echo=lambda line: None)
     agent.start()
     yield agent
@@ -114,7 +115,7 @@ def test_reclaimed_never_runs_on_dedicated_cpus(agent, procs):
 def test_pool_resizing_moves_cpus_while_processes_run(tmp_path, base, procs):
     from agent.isolation.cgroups.desired import CgroupOptions
 
-    config = AgentConfig(socket_path=str(tmp_path / "r.sock"), state_dir=str(tmp_path / "st"), reserved_cpus=(),
+    config = AgentConfig(api_poll_interval=0.05, socket_path=str(tmp_path / "r.sock"), state_dir=str(tmp_path / "st"), reserved_cpus=(),
                          cgroup_base=base, cgroup_parent="self", empty_grace=3600, resize=False,
                          cgroup_options=CgroupOptions(harvest_shared=False))
     agent = Agent(config, echo=lambda line: None)

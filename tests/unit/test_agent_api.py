@@ -19,7 +19,7 @@ TOPO = build_topology(Shape(sockets=1, numa_per_socket=2, cores_per_numa=4, thre
 
 @pytest.fixture()
 def agent(tmp_path):
-    config = AgentConfig(socket_path=str(tmp_path / "a.sock"), state_dir=str(tmp_path / "state"), empty_grace=3600)
+    config = AgentConfig(api_poll_interval=0.05, socket_path=str(tmp_path / "a.sock"), state_dir=str(tmp_path / "state"), empty_grace=3600)
     driver = RecordingCgroups(version=1)
     agent = Agent(config, echo=lambda line: None, driver=driver, topology=TOPO)
     agent.start()
@@ -92,7 +92,8 @@ def test_malformed_body_and_name_in_use(agent):
 
 
 def test_empty_workloads_are_released(tmp_path):
-    config = AgentConfig(socket_path=str(tmp_path / "b.sock"), state_dir=str(tmp_path / "s"), empty_grace=5)
+    config = AgentConfig(api_poll_interval=0.05, socket_path=str(tmp_path / "b.sock"), state_dir=str(tmp_path / "s"), empty_grace=5,
+                         watch_period=0)
     agent = Agent(config, echo=lambda line: None, driver=RecordingCgroups(), topology=TOPO)
     agent.start()
     agent.admit({"name": "gone", "qos": "shared_cores", "millicpu": 100})
@@ -109,7 +110,7 @@ def test_empty_workloads_are_released(tmp_path):
 
 
 def test_restart_reloads_state_and_reconciles(tmp_path):
-    config = AgentConfig(socket_path=str(tmp_path / "c.sock"), state_dir=str(tmp_path / "s"), empty_grace=3600)
+    config = AgentConfig(api_poll_interval=0.05, socket_path=str(tmp_path / "c.sock"), state_dir=str(tmp_path / "s"), empty_grace=3600)
     driver = RecordingCgroups()
     first = Agent(config, echo=lambda line: None, driver=driver, topology=TOPO)
     first.start()

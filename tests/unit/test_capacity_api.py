@@ -26,9 +26,12 @@ class FakeSampler:
         per_cgroup = {"tidal/reclaimed": self.offline, "tidal/dedicated": 0}
         return UsageSample({}, per_cgroup, self.online + self.offline)
 
+    def forget(self, keep):
+        pass
+
 
 def make_agent(tmp_path, name="a", **overrides):
-    config = AgentConfig(socket_path=str(tmp_path / f"{name}.sock"), state_dir=str(tmp_path / "state"),
+    config = AgentConfig(api_poll_interval=0.05, socket_path=str(tmp_path / f"{name}.sock"), state_dir=str(tmp_path / "state"),
                          empty_grace=3600, memory_reserved_bytes=0, **overrides)
     agent = Agent(config, echo=lambda line: None, driver=RecordingCgroups(), topology=TOPO)
     agent.start()

@@ -34,6 +34,7 @@ class CgroupDriver(Protocol):
     def children(self, path: str) -> List[str]: ...
     def cpu_usage_ns(self, path: str) -> Optional[int]: ...
     def memory_usage_bytes(self, path: str) -> Optional[int]: ...
+    def usage_reader(self, path: str): ...
     def kill(self, path: str, sig: int) -> List[int]: ...
     def where(self, path: str) -> Dict[str, str]: ...
 
@@ -192,6 +193,42 @@ class KernelCgroups:
                 pass
         return signalled
 
+    def usage_reader(self, path: str):
+        """A function returning the cgroup's cumulative cpu ns, reading through a file
+        kept open: opening a cgroup file costs ~10x a pread of it, and the fast guard
+        reads 20 times a second."""
+        if self.version == 1:
+            if "cpuacct" not in self.bases:
+                return lambda: None
+            target = os.path.join(self._dir("cpuacct", path), "cpuacct.usage")
+        else:
+            target = os.path.join(self._dir("", path), "cpu.stat")
+        state = {"fd": None}
+
+        def read() -> Optional[int]:
+            for _ in range(2):
+                if state["fd"] is None:
+                    try:
+                        state["fd"] = os.open(target, os.O_RDONLY | os.O_CLOEXEC)
+                    except OSError:
+                        return None
+                try:
+                    text = os.pread(state["fd"], 4096, 0).decode()
+                except OSError:  # the cgroup was removed and maybe made again: reopen once
+                    os.close(state["fd"])
+                    state["fd"] = None
+                    continue
+                if self.version == 1:
+                    return int(text) if text.strip().isdigit() else None
+                for line in text.splitlines():
+                    key, _, value = line.partition(" ")
+                    if key == "usage_usec":
+                        return int(value) * 1000
+                return None
+            return None
+
+        return read
+
     def cpu_usage_ns(self, path: str) -> Optional[int]:
         if self.version == 1:
             text = self.read("cpuacct", path, "cpuacct.usage") if "cpuacct" in self.bases else None
@@ -270,6 +307,9 @@ class RecordingCgroups:
 
     def cpu_usage_ns(self, path: str) -> Optional[int]:
         return self.usage.get(path)
+
+    def usage_reader(self, path: str):
+        return lambda: self.usage.get(path)
 
     def memory_usage_bytes(self, path: str) -> Optional[int]:
         return self.memory.get(path)

@@ -24,6 +24,7 @@ same as a kubelet's on either version.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from agent.topology.parse import format_cpulist, parse_cpulist
@@ -85,6 +86,7 @@ def files_for(version: int, knob: str, value: Any) -> List[FileWrite]:
 _V1_MAX_BYTES = 9223372036854771712  # what memory.limit_in_bytes reads back for "-1" (page-rounded LONG_MAX)
 
 
+@functools.lru_cache(maxsize=4096)
 def normalize(file: str, text: Optional[str]) -> Optional[str]:
     """Canonical form of a file's content, so written and read-back values compare."""
     if text is None:

@@ -66,11 +66,20 @@ class Reconciler:
         self.originals: Dict[Key, Optional[str]] = {}
         self.created: Set[str] = set()
         self._drifted: Dict[Key, Optional[str]] = {}
+        self._applied: Optional[tuple] = None
+        self._cache: Dict[Key, Optional[str]] = {}
         self.managed_roots = tuple(managed_roots) or (f"{base}/dedicated", f"{base}/shared",
                                                       *[f"{base}/reclaimed/{t}" for t in ("high", "min", "low")])
 
     def _ours(self, path: str) -> bool:
         return path == self.base or path.startswith(self.base + "/") or path in self.created
+
+    def _read(self, controller: str, path: str, file: str) -> Optional[str]:
+        """One read per file per pass: the passes ask for the same files again."""
+        key = (path, controller, file)
+        if key not in self._cache:
+            self._cache[key] = self.driver.read(controller, path, file)
+        return self._cache[key]
 
     def _write(self, report: ReconcileReport, path: str, controller: str, file: str, text: str,
                final: bool = True) -> None:
@@ -78,7 +87,7 @@ class Reconciler:
         what the cgroup should keep (remembered for drift detection); the
         widening pass writes intermediate values."""
         key = (path, controller, file)
-        actual = self.driver.read(controller, path, file)
+        actual = self._read(controller, path, file)
         if normalize(file, actual) == normalize(file, text):
             if final:
                 self.last[key] = text
@@ -89,7 +98,9 @@ class Reconciler:
             self.driver.write(controller, path, file, text)
         except CgroupError as exc:
             report.failed.append((path, file, str(exc)))
+            self._cache.pop(key, None)
             return
+        self._cache[key] = text
         report.written.append((path, file, text))
         if final:
             if key in self._drifted:
@@ -105,11 +116,24 @@ class Reconciler:
                 for controller, file, _text in files_for(version, knob, value):
                     key = (spec.path, controller, file)
                     if key in self.last:
-                        actual = self.driver.read(controller, spec.path, file)
+                        actual = self._read(controller, spec.path, file)
                         if actual is not None and normalize(file, actual) != normalize(file, self.last[key]):
                             self._drifted[key] = actual.strip()
 
-    def apply(self, specs: List[CgroupSpec]) -> ReconcileReport:
+    def apply(self, specs: List[CgroupSpec], verify: bool = True) -> ReconcileReport:
+        """Make the kernel match ``specs``. With ``verify=False`` and the same specs
+        as the last applied ones, nothing is read or written: the kernel is taken
+        to hold what Tidal last wrote (the caller verifies every so often, which
+        is when drift made by others is found and repaired)."""
+        fingerprint = tuple((spec.path, tuple(sorted((k, repr(v)) for k, v in spec.knobs.items()))) for spec in specs)
+        if not verify and fingerprint == self._applied:
+            return ReconcileReport()
+        report = self._apply(specs)
+        self._applied = fingerprint if report.ok else None
+        return report
+
+    def _apply(self, specs: List[CgroupSpec]) -> ReconcileReport:
+        self._cache: Dict[Key, Optional[str]] = {}
         report = ReconcileReport()
         version = self.driver.version
         self._find_drift(specs)
@@ -135,7 +159,7 @@ class Reconciler:
             for knob in CPUSET_KNOBS:
                 if knob in spec.knobs:
                     for controller, file, text in files_for(version, knob, spec.knobs[knob]):
-                        actual = self.driver.read(controller, spec.path, file)
+                        actual = self._read(controller, spec.path, file)
                         wide = _union(actual, text)
                         if normalize(file, actual) != wide:
                             self._write(report, spec.path, controller, file, wide, final=False)
@@ -171,12 +195,12 @@ class Reconciler:
     def _quota(self, path: str) -> Optional[int]:
         """Current quota in microseconds (-1: none), ``None`` if unreadable."""
         if self.driver.version == 1:
-            text = self.driver.read("cpu", path, "cpu.cfs_quota_us")
+            text = self._read("cpu", path, "cpu.cfs_quota_us")
             try:
                 return int(text) if text is not None else None
             except ValueError:
                 return None
-        parts = (self.driver.read("", path, "cpu.max") or "").split()
+        parts = (self._read("", path, "cpu.max") or "").split()
         if not parts:
             return None
         return -1 if parts[0] == "max" else int(parts[0])
@@ -212,6 +236,7 @@ class Reconciler:
         if self.driver.exists(self.base):
             self._remove(report, self.base)
         self.last.clear()
+        self._applied = None
         return report
 
     def export(self) -> Dict[str, object]:

@@ -1,0 +1,80 @@
+"""``tidal bench overhead``: the agent's own cpu and memory at steady state.
+
+A real agent process (real cgroups, default 1 s period, fast guard on) with
+``workloads`` workloads (three quarters shared, one quarter reclaimed), each
+holding one sleeping process. After a warm-up, the agent's cpu time is read
+over ``seconds`` and its RSS at the end (psutil). Everything is removed
+afterwards (the agent runs with ``--revert``).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from typing import Any, Dict
+
+import psutil
+
+from agent.errors import TidalError
+
+
+def run(workloads: int = 200, seconds: float = 30.0, warmup: float = 5.0, extra=()) -> Dict[str, Any]:
+    if os.geteuid() != 0:
+        raise TidalError("bench overhead needs root: it creates cgroups")
+    from agent.client import AgentClient
+
+    directory = tempfile.mkdtemp(prefix="tidal-overhead-")
+    sock = os.path.join(directory, "a.sock")
+    base = f"tidal-bench-{uuid.uuid4().hex[:8]}"
+    agent = subprocess.Popen([sys.executable, "-m", "agent.cli", "agent", "--socket", sock, "--state-dir", directory,
+                              "--cgroup-base", base, "--cgroup-parent", "self", "--revert", "--no-confine-self",
+                              "--reserved-cpus", "none", "--log-level", "warning",
+                              # setting up 200 workloads is itself a burst of online cpu on a small
+                              # machine; the bench measures overhead, not eviction
+                              "--eviction-grace", "3600", *extra],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    sleepers = []
+    try:
+        deadline = time.monotonic() + 30
+        while not os.path.exists(sock):
+            if agent.poll() is not None or time.monotonic() > deadline:
+                raise TidalError(f"the agent did not start: {agent.stderr.read() if agent.poll() is not None else ''}")
+            time.sleep(0.05)
+        client = AgentClient(sock)
+        # reclaimed ones first, while the capacity is not yet cut by the set-up burst
+        docs = ([{"name": f"r{i}", "qos": "reclaimed_cores", "millicpu": 10} for i in range(workloads // 4)] +
+                [{"name": f"s{i}", "qos": "shared_cores", "millicpu": 10} for i in range(workloads - workloads // 4)])
+        for doc in docs:
+            client.request("POST", "/v1/workloads", doc)
+            proc = subprocess.Popen(["sleep", "3600"])
+            sleepers.append(proc)
+            client.request("POST", f"/v1/workloads/{doc['name']}/attach", {"pid": proc.pid})
+        me = psutil.Process(agent.pid)
+        time.sleep(warmup)
+        t0 = me.cpu_times()
+        start = time.monotonic()
+        time.sleep(seconds)
+        t1 = me.cpu_times()
+        elapsed = time.monotonic() - start
+        rss = me.memory_info().rss
+        used = (t1.user + t1.system) - (t0.user + t0.system)
+        status = client.request("GET", "/v1/status")
+        return {"cpu_percent": round(100.0 * used / elapsed, 3), "rss_mib": round(rss / 2 ** 20, 1),
+                "workloads": status["workloads"], "seconds": round(elapsed, 1),
+                "last_reconcile_ms": status["last_reconcile_ms"]}
+    finally:
+        for proc in sleepers:
+            proc.kill()
+        for proc in sleepers:
+            proc.wait()
+        if agent.poll() is None:
+            agent.send_signal(signal.SIGTERM)
+            try:
+                agent.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                agent.kill()
