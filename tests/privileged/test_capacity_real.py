@@ -1,0 +1,103 @@
+"""End to end on real cgroups: online load rises -> the reclaim pool shrinks in the kernel,
+the capacity API drops within one period, a long-poller wakes, low-tier work dies first."""
+
+import subprocess
+import sys
+import threading
+import time
+import uuid
+
+import pytest
+
+from agent.client import AgentClient
+from agent.daemon import Agent, AgentConfig
+from agent.isolation.cgroups.reconcile import Reconciler
+from agent.topology import HostFS, discover
+from agent.topology.parse import parse_cpulist
+from tests.conftest import privileged
+
+pytestmark = [pytest.mark.privileged, privileged]
+TOPO = discover(HostFS("/"), use_cpuinfo_lib=False)
+HOG = [sys.executable, "-c", "while True: pass"]
+WAITING_HOG = [sys.executable, "-c", "import sys; sys.stdin.readline()\nwhile True: pass"]
+
+
+@pytest.mark.skipif(len(TOPO.online_cpus()) < 2, reason="needs at least 2 online cpus")
+def test_online_load_shrinks_lending_and_evicts_low_first(tmp_path):
+    base = f"tidal-test-{uuid.uuid4().hex[:8]}"
+    config = AgentConfig(api_poll_interval=0.05, socket_path=str(tmp_path / "a.sock"), state_dir=str(tmp_path / "st"),
+                         reserved_cpus=(), cgroup_base=base, cgroup_parent="self", empty_grace=3600,
+                         eviction_grace=1.0, period=1.0)
+    agent = Agent(config, echo=lambda line: None, topology=TOPO)
+    agent.start()
+    agent.sizer.stable_periods = 1
+    agent.serve()
+    stop = threading.Event()
+    procs = []
+
+    def loop():
+        while not stop.wait(config.period):
+            agent.tick()
+
+    try:
+        agent.admit({"name": "web", "qos": "shared_cores", "millicpu": 500})
+        online = subprocess.Popen(WAITING_HOG, stdin=subprocess.PIPE, text=True)
+        procs.append(online)
+        agent.attach("web", online.pid)
+        offline = {}
+        for tier in ("high", "min", "low"):
+            agent.admit({"name": f"batch-{tier}", "qos": "reclaimed_cores", "millicpu": 300, "tier": tier})
+            offline[tier] = subprocess.Popen(HOG)
+            procs.append(offline[tier])
+            agent.attach(f"batch-{tier}", offline[tier].pid)
+        threading.Thread(target=loop, daemon=True).start()
+        agent.start_guard()
+        client = AgentClient(config.socket_path, timeout=30)
+        shared_file = agent.driver.where(f"{base}/shared")["cpuset"]
+        shared_cpus = lambda: set(parse_cpulist(open(f"{shared_file}/cpuset.cpus").read()))  # noqa: E731
+        deadline = time.monotonic() + 20
+        while shared_cpus() == set(TOPO.online_cpus()):  # the agent lends a cpu while online idles
+            assert time.monotonic() < deadline, "no cpu was lent"
+            time.sleep(0.1)
+        before = client.request("GET", "/v1/capacity")
+        assert before["reclaimed"]["millicpu"] >= 1000
+
+        woken = {}
+
+        def long_poll():
+            doc = client.request("GET", f"/v1/capacity?wait_generation={before['generation']}&timeout=20")
+            woken["at"], woken["doc"] = time.monotonic(), doc
+
+        poller = threading.Thread(target=long_poll)
+        poller.start()
+        time.sleep(0.2)
+        step = time.monotonic()
+        online.stdin.write("go\n")  # online load rises: one cpu busy
+        online.stdin.flush()
+        while shared_cpus() != set(TOPO.online_cpus()):
+            assert time.monotonic() - step < 5, "the reclaim pool did not shrink"
+            time.sleep(0.005)
+        shrunk_after = time.monotonic() - step
+        poller.join(timeout=20)
+        assert woken, "the long-poller was not woken"
+        assert woken["at"] - step < config.period  # the drop is visible within one period
+        assert woken["doc"]["reclaimed"]["millicpu"] < before["reclaimed"]["millicpu"]
+        assert shrunk_after < config.period
+        deadline = time.monotonic() + 10
+        while len(agent.evictions) < 3 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert [e["tier"] for e in agent.evictions] == ["low", "min", "high"]
+        for proc in offline.values():
+            proc.wait(timeout=5)  # killed
+        assert offline["low"].returncode == -9
+        assert online.poll() is None  # online untouched
+        assert agent.evictions_by_tier == {"low": 1, "min": 1, "high": 1}
+    finally:
+        stop.set()
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+        agent.shutdown()
+        Reconciler(agent.driver, base).revert()
+        assert not agent.driver.exists(base)
