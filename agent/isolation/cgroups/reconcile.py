@@ -233,8 +233,8 @@ class Reconciler:
                 report.written.append((path, file, original.strip()))
             except CgroupError as exc:
                 report.failed.append((path, file, str(exc)))
-        if self.driver.exists(self.base):
-            self._remove(report, self.base)
+        # not only if it exists everywhere: a tree half made or half removed is removed too
+        self._remove(report, self.base)
         self.last.clear()
         self._applied = None
         return report
