@@ -629,26 +629,22 @@ class Agent:
                 "online_policy": self.config.online_policy, "hooks": self.lending.hook_results[-10:]}
 
     def lend(self, notice: Any) -> Dict[str, Any]:
-        seconds = parse_notice(notice)
-        with self.lock:
-            try:
-                self.lending.lend(time.time(), seconds)
-            except TransitionError as exc:
-                raise Conflict(str(exc)) from None
-            self._advance_lending(time.time())
-            self.reconcile()
-            return self.node_doc()
+        return self._transition(self.lending.lend, notice)
 
     def take_back(self, notice: Any) -> Dict[str, Any]:
+        return self._transition(self.lending.reclaim, notice)
+
+    def _transition(self, move, notice: Any) -> Dict[str, Any]:
+        """Start a lending transition, then act on it at once (capacity, kernel, long-pollers)."""
         seconds = parse_notice(notice)
         with self.lock:
             try:
-                self.lending.reclaim(time.time(), seconds)
+                move(time.time(), seconds)
             except TransitionError as exc:
                 raise Conflict(str(exc)) from None
             self._advance_lending(time.time())
             self._refresh_capacity(time.monotonic(), time.time())
-            self.changed.notify_all()  # the lock is held: the capacity now counts down to 0
+            self.changed.notify_all()  # the lock is held; long-pollers see the new node state
             self.reconcile()
             return self.node_doc()
 
@@ -711,18 +707,19 @@ class Agent:
         self._server = serve_agent(self, self.config.socket_path, self.config.tcp_port, self.config.api_poll_interval)
 
     def run(self) -> int:
-        self.start()
-        self.serve()
-        self.start_guard()
-        self.echo(f"tidal agent: serving {self.config.socket_path}"
-                  + (f" and 127.0.0.1:{self.config.tcp_port}" if self.config.tcp_port else "")
-                  + f"; state {self.store.path}; pid {os.getpid()}; stop with SIGTERM or Ctrl-C")
-        previous = {sig: signal.signal(sig, self.stop) for sig in (signal.SIGTERM, signal.SIGINT)}
         from agent import sdnotify
 
-        sdnotify.notify("READY=1\nSTATUS=serving " + self.config.socket_path)
-        watchdog = sdnotify.watchdog_enabled()
+        # handlers first: a SIGTERM that arrives while starting must still stop cleanly
+        previous = {sig: signal.signal(sig, self.stop) for sig in (signal.SIGTERM, signal.SIGINT)}
         try:
+            self.start()
+            self.serve()
+            self.start_guard()
+            self.echo(f"tidal agent: serving {self.config.socket_path}"
+                      + (f" and 127.0.0.1:{self.config.tcp_port}" if self.config.tcp_port else "")
+                      + f"; state {self.store.path}; pid {os.getpid()}; stop with SIGTERM or Ctrl-C")
+            sdnotify.notify("READY=1\nSTATUS=serving " + self.config.socket_path)
+            watchdog = sdnotify.watchdog_enabled()
             while not self._stop.wait(self.config.period):
                 if watchdog:
                     sdnotify.notify("WATCHDOG=1")
@@ -735,7 +732,8 @@ class Agent:
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
-            self.shutdown()
+            if self.state is not None:
+                self.shutdown()
         return 0
 
     def shutdown(self) -> None:

@@ -141,7 +141,7 @@ def parse_request(doc: Any) -> Request:
 
 
 def parse_requests(text: str, source: str = "requests") -> List[Request]:
-    """A JSON list of request documents; names must be unique."""
+    """A JSON list of request documents (a repeated name is the policy's to reject)."""
     try:
         docs = json.loads(text)
     except json.JSONDecodeError as exc:
