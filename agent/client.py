@@ -5,7 +5,7 @@ from __future__ import annotations
 import http.client
 import json
 import socket
-from typing import Any, Optional, Tuple
+from typing import Any, Tuple
 
 from agent.errors import TidalError
 

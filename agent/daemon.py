@@ -29,7 +29,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Dict, List, Optional
 
-from agent.errors import AdmissionError, StateError, TidalError
+from agent.errors import AdmissionError, TidalError
 from agent.isolation.cgroups.desired import CgroupOptions, desired_tree
 from agent.isolation.cgroups.detect import CgroupError, detect
 from agent.isolation.cgroups.driver import CgroupDriver, KernelCgroups
@@ -40,7 +40,7 @@ from agent.qrm.model import Allocation, QoS, Rejection
 from agent.qrm.policy import State, _layout, allocate, effective_cpus, pools, release
 from agent.qrm.requests import parse_request
 from agent.qrm.state import CheckpointStore
-from agent.lending import OFFLINE, ONLINE, TO_OFFLINE, TO_ONLINE, NodeLending, TransitionError, parse_notice
+from agent.lending import OFFLINE, TO_OFFLINE, TO_ONLINE, NodeLending, TransitionError, parse_notice
 from agent.qrm.eviction import choose_victims
 from agent.reporter.capacity import MIB, Capacity, CapacityEstimator, HourlyHistory
 from agent.reporter.headroom import ReclaimSizer
@@ -270,7 +270,7 @@ class Agent:
             if node in (TO_OFFLINE, TO_ONLINE):
                 raise Conflict(f"the node is {node}: nothing new is placed during a transition")
             if node == OFFLINE and request.qos in (QoS.DEDICATED, QoS.SHARED):
-                raise Conflict(f"the node is lent (Offline): only reclaimed_cores and system_cores are placed")
+                raise Conflict("the node is lent (Offline): only reclaimed_cores and system_cores are placed")
             self.state = self._with_capacity(self.state)
             decision = allocate(self.topology, self.state, request)
             if isinstance(decision, Rejection):

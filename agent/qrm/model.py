@@ -16,7 +16,7 @@ Everything here is immutable; the policy returns new values.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple, Union
 
 

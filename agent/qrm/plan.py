@@ -9,7 +9,7 @@ from __future__ import annotations
 import string
 from typing import Dict, List, Sequence, Tuple
 
-from agent.qrm.model import Allocation, Pools, QoS, Rejection, Request
+from agent.qrm.model import Pools, QoS, Rejection, Request
 from agent.qrm.policy import State, allocate, effective_cpus, pools
 from agent.topology import Topology
 from agent.topology.parse import format_cpulist

@@ -24,7 +24,7 @@ Pools (derived from the state, never stored; see ``pools``):
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Dict, FrozenSet, Iterable, List, Optional, Sequence, Set, Tuple
 
 from agent.errors import AdmissionError

@@ -23,7 +23,7 @@ import os
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Deque, Dict, List, Optional, Tuple
+from typing import Deque, Dict, Optional, Tuple
 
 MIB = 1024 * 1024
 MEMORY_STEP = 512 * MIB

@@ -15,7 +15,7 @@ machines look like.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Dict, Iterable, List, Sequence, Tuple
 
 from agent.topology.parse import format_cpulist

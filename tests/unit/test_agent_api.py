@@ -120,7 +120,6 @@ def test_restart_reloads_state_and_reconciles(tmp_path):
     second = Agent(config, echo=lambda line: None, driver=driver, topology=TOPO)
     second.start()
     assert second.state == first.state
-    cpus = ",".join(map(str, first.state.get("web").cpus))
     from agent.topology.parse import format_cpulist
     assert driver.files["tidal/dedicated/web"][("cpuset", "cpuset.cpus")] == format_cpulist(first.state.get("web").cpus)
 

@@ -230,7 +230,6 @@ def test_push_command_gets_the_yarn_body(tmp_path):
 
 def test_metrics(agent):
     agent.admit({"name": "web", "qos": "dedicated_cores", "cpus": 2})
-    conn = AgentClient(agent.config.socket_path)
     import http.client
     import socket
 

@@ -2,8 +2,6 @@
 
 import math
 
-import pytest
-
 from agent.reporter.capacity import MEMORY_STEP, CapacityEstimator, HourlyHistory
 
 GIB = 1 << 30

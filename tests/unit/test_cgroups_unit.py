@@ -1,8 +1,6 @@
 """cgroup isolation without touching the host: knob table, detection, desired tree,
 reconciler ordering on a recording driver, v2 files on a fake unified tree, recovery."""
 
-import os
-
 import pytest
 
 from agent.isolation.cgroups.desired import CgroupOptions, desired_tree

@@ -9,9 +9,7 @@ with releases.
 from __future__ import annotations
 
 import functools
-import json
 import subprocess
-import tarfile
 import tempfile
 
 from hypothesis import HealthCheck, given, settings, strategies as st

@@ -7,7 +7,6 @@ import signal
 
 import pytest
 
-from agent.qrm.model import Allocation, QoS
 from agent.qrm.policy import State, allocate, initial_state
 from agent.qrm.requests import parse_request
 from agent.qrm.state import CheckpointStore, decode, encode, topology_fingerprint

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import errno
 import os
-from typing import Dict, Iterable, List, Optional, Protocol, Tuple
+from typing import Dict, List, Optional, Protocol, Tuple
 
 from agent.isolation.cgroups.detect import CgroupError, CgroupMounts
 from agent.topology.hostfs import HostFS

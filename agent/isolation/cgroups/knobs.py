@@ -25,7 +25,7 @@ same as a kubelet's on either version.
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, List, Optional, Tuple
 
 from agent.topology.parse import format_cpulist, parse_cpulist
 
