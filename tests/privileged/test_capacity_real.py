@@ -101,3 +101,50 @@ def test_online_load_shrinks_lending_and_evicts_low_first(tmp_path):
         agent.shutdown()
         Reconciler(agent.driver, base).revert()
         assert not agent.driver.exists(base)
+
+
+def test_lending_round_trip_on_real_cgroups_across_a_restart(tmp_path):
+    """Lend, run offline work on the lent machine, take it back with a notice that spans an
+    agent restart: the offline process lives until the deadline and is killed then."""
+    base = f"tidal-test-{uuid.uuid4().hex[:8]}"
+
+    def make(name):
+        config = AgentConfig(api_poll_interval=0.05, socket_path=str(tmp_path / f"{name}.sock"),
+                             state_dir=str(tmp_path / "st"), cgroup_base=base, cgroup_parent="self",
+                             empty_grace=3600, guard_interval=0)
+        agent = Agent(config, echo=lambda line: None, topology=TOPO)
+        agent.start()
+        return agent
+
+    first = make("a")
+    offline = None
+    second = None
+    try:
+        first.lend(0)
+        first.tick()
+        assert first.lending.current.state == "Offline"
+        first.admit({"name": "batch", "qos": "reclaimed_cores", "millicpu": 1000})
+        offline = subprocess.Popen(HOG)
+        first.attach("batch", offline.pid)
+        first.take_back("3s")
+        deadline = first.lending.current.deadline
+        assert first.capacity_doc()["target"] == {"millicpu": 0, "memory_bytes": 0}
+        first.shutdown()  # the agent stops in the middle of the notice window
+        time.sleep(0.5)
+        assert offline.poll() is None
+        second = make("b")
+        assert second.lending.current.state == "OfflineToOnline" and second.lending.current.deadline == deadline
+        second.tick()
+        assert offline.poll() is None  # the notice is honoured after the restart
+        time.sleep(max(0.0, deadline - time.time()) + 0.1)
+        second.tick()
+        offline.wait(timeout=5)
+        assert offline.returncode == -9 and second.lending.current.state == "Online"
+        assert time.time() >= deadline
+    finally:
+        if offline is not None and offline.poll() is None:
+            offline.kill()
+            offline.wait()
+        agent = second or first
+        agent.shutdown()
+        Reconciler(agent.driver, base).revert()

@@ -247,3 +247,24 @@ def test_metrics(agent):
     assert "tidal_reclaimed_capacity_millicpu" in text and 'tidal_evictions_total{tier="low"} 0.0' in text
     assert 'tidal_node_state{state="Online"} 1.0' in text and "tidal_reconcile_duration_seconds" in text
     assert 'tidal_workload_request_millicpu{qos="dedicated_cores",workload="web"} 2000.0' in text
+
+
+def test_cli_capacity_and_node(agent):
+    from click.testing import CliRunner
+
+    from agent.cli import main
+
+    runner = CliRunner()
+    sock = agent.config.socket_path
+    out = runner.invoke(main, ["capacity", "--socket", sock, "--format", "yarn"])
+    assert out.exit_code == 0 and json.loads(out.output) == {"vcores": 8, "memory-mb": agent.capacity.memory_bytes // 2 ** 20}
+    out = runner.invoke(main, ["capacity", "--socket", sock])
+    assert out.exit_code == 0 and "Online  reclaimed 8 cpus" in out.output
+    out = runner.invoke(main, ["node", "lend", "--socket", sock, "--notice", "-1s"])
+    assert out.exit_code == 2 and "between 0 and 7 days" in out.output
+    out = runner.invoke(main, ["node", "lend", "--socket", sock, "--notice", "30s", "--json"])
+    assert out.exit_code == 0 and json.loads(out.output)["state"] == "Offline"  # nothing online to wait for
+    out = runner.invoke(main, ["node", "status", "--socket", sock])
+    assert out.exit_code == 0 and out.output.startswith("Offline since ")
+    out = runner.invoke(main, ["node", "lend", "--socket", sock])
+    assert out.exit_code == 2 and "cannot lend: the node is Offline" in out.output
