@@ -237,13 +237,14 @@ class Agent:
                 verify = start - self._last_verify >= self.config.drift_check_period
             if verify:
                 self._last_verify = start
-            key = (id(self.state), self.state.reclaim_millicpu, self.config.cgroup_options)
+            cap = self.capacity.cap_millicpu if self.capacity is not None else self.state.reclaim_millicpu
+            key = (id(self.state), cap, self.config.cgroup_options)
             if not verify and key == self._reconciled_key and self.last_report is not None:
                 return ReconcileReport()  # nothing changed since the last pass: no work at all
             self._reconciled_key = key
             pool = pools(self.topology, self.state)
             options = replace(self.config.cgroup_options, base=self.config.cgroup_base,
-                              reclaimed_cap_millicpu=self.state.reclaim_millicpu)
+                              reclaimed_cap_millicpu=cap)
             specs = desired_tree(self.topology, self.state, pool, options, self.driver.features)
             report = self.reconciler.apply(specs, verify=verify)
             self.last_reconcile_ms = (time.perf_counter() - start) * 1000

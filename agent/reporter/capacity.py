@@ -10,7 +10,9 @@ capacity = allocatable - reserved - dedicated (unless lent) - estimated online d
 * Smoothing: the capacity shrinks at once, grows at most ``ramp_millicpu_per_s``
   (and ``ramp_bytes_per_s``), and ignores rises under the dead-band.
 * Offline agents get whole cores and 512 MiB steps (floored), so a
-  ResourceManager never sees 11.73 vcores.
+  ResourceManager never sees 11.73 vcores; the kernel's quota cap is the
+  unrounded estimate (``limit_millicpu``), so the fraction is not wasted
+  by work already running.
 
 Pure except for ``HourlyHistory``'s file; the caller passes the clock.
 """
@@ -76,6 +78,11 @@ class Capacity:
     memory_bytes: int
     source: str  # "usage", "yesterday", "requests"
     numa: Tuple[Tuple[int, int, int], ...] = ()  # (node, millicpu, memory_bytes)
+    limit_millicpu: Optional[int] = None  # the unrounded estimate: the kernel's quota cap
+
+    @property
+    def cap_millicpu(self) -> int:
+        return self.millicpu if self.limit_millicpu is None else max(self.millicpu, self.limit_millicpu)
 
 
 @dataclass
@@ -136,7 +143,7 @@ class CapacityEstimator:
                 share = node_cpu / total_alloc
                 per_node.append((node, min(node_cpu, int(cpu * share)) // 1000 * 1000,
                                  min(node_mem, int(mem * share)) // MEMORY_STEP * MEMORY_STEP))
-        return Capacity(cpu, mem, source, tuple(per_node))
+        return Capacity(cpu, mem, source, tuple(per_node), limit_millicpu=cur_cpu)
 
     @staticmethod
     def _smooth(current: int, raw: int, deadband: int, ramp: float) -> int:
