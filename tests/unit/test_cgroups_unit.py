@@ -120,7 +120,7 @@ def test_desired_tree_shape():
     reclaimed = set(parse_cpulist(specs["tidal/reclaimed"]["cpus"]))
     assert reclaimed == set(pool.reclaimed) | set(pool.shared) | set(pool.reserved)
     assert not reclaimed & set(web.cpus)
-    assert specs["tidal/reclaimed/min/batch"]["cpu_max"] == (200000, 100000)
+    assert specs["tidal/reclaimed/min/batch"]["cpu_shares"] == 2048 and "cpu_max" not in specs["tidal/reclaimed/min/batch"]
     assert specs["tidal/reclaimed/min"]["cpu_shares"] == 256
 
 
@@ -174,16 +174,22 @@ def test_drift_is_repaired_and_counted():
     assert driver.files["tidal/dedicated/web"][("cpuset", "cpuset.cpus")] == "1-2,9-10"
 
 
-def test_v1_quota_is_lowered_children_first():
+def test_v1_quota_is_lowered_children_first_and_raised_parents_first():
+    from agent.isolation.cgroups.desired import CgroupSpec
+
     driver = RecordingCgroups(version=1)
-    rec = Reconciler(driver, "tidal")
-    pool = pools(TOPO, STATE)
-    rec.apply(desired_tree(TOPO, STATE, pool, CgroupOptions(reclaimed_cap_millicpu=8000), driver.features))
+    rec = Reconciler(driver, "t")
+    tree = lambda parent, child: [CgroupSpec("t", {"cpu_max": (parent, 100000)}),  # noqa: E731
+                                  CgroupSpec("t/c", {"cpu_max": (child, 100000)})]
+    rec.apply(tree(800000, 400000))
     driver.ops.clear()
-    rec.apply(desired_tree(TOPO, STATE, pool, CgroupOptions(reclaimed_cap_millicpu=500), driver.features))
-    quota_writes = [op[1] for op in driver.ops if op[0] == "write" and op[3] == "cpu.cfs_quota_us"]
-    assert quota_writes == ["tidal/reclaimed/min/batch", "tidal/reclaimed"]
-    assert driver.files["tidal/reclaimed/min/batch"][("cpu", "cpu.cfs_quota_us")] == "50000"  # clamped to the cap
+    rec.apply(tree(50000, 50000))
+    lowered = [op[1] for op in driver.ops if op[0] == "write" and op[3] == "cpu.cfs_quota_us"]
+    assert lowered == ["t/c", "t"]  # v1 refuses a parent quota below a child's
+    driver.ops.clear()
+    rec.apply(tree(900000, 900000))
+    raised = [(op[1], op[4]) for op in driver.ops if op[0] == "write" and op[3] == "cpu.cfs_quota_us"]
+    assert raised[0] == ("t", "900000") and raised[-1] == ("t/c", "900000")
 
 
 def test_v2_on_a_fake_unified_tree_writes_exact_files(tmp_path):
@@ -210,7 +216,7 @@ def test_v2_on_a_fake_unified_tree_writes_exact_files(tmp_path):
     assert read("tidal/shared/api/cpu.weight") == "59"  # 1536 shares
     assert read("tidal/reclaimed/cpu.idle") == "1"
     assert read("tidal/reclaimed/memory.max") == "max" and read("tidal/reclaimed/memory.high") == "1073741824"
-    assert read("tidal/reclaimed/min/batch/cpu.max") == "200000 100000"
+    assert read("tidal/reclaimed/min/batch/cpu.weight") == str(shares_to_weight(2048))
     assert read("tidal/reclaimed/min/cpu.weight") == str(shares_to_weight(256))
     # a plain file keeps only the last of the "+cpuset", "+cpu", "+memory" writes a kernel would accumulate
     assert read("cgroup.subtree_control") == "+memory"

@@ -97,14 +97,13 @@ def desired_tree(topo: Topology, state: State, pools: Pools, options: CgroupOpti
     specs += [CgroupSpec(f"{base}/reclaimed/{tier}", {"cpus": reclaim, "mems": mems_all,
                                                       "cpu_shares": TIER_SHARES[tier]}) for tier in TIERS]
     for alloc in state.allocations:
-        spec = _workload_spec(base, alloc, mems_all, shared, reclaim, cap_us)
+        spec = _workload_spec(base, alloc, mems_all, shared, reclaim)
         if spec is not None:
             specs.append(spec)
     return specs
 
 
-def _workload_spec(base: str, alloc: Allocation, mems_all: str, shared: str, reclaim: str,
-                   parent_cap_us: int) -> Optional[CgroupSpec]:
+def _workload_spec(base: str, alloc: Allocation, mems_all: str, shared: str, reclaim: str) -> Optional[CgroupSpec]:
     path = workload_path(base, alloc)
     if alloc.qos is QoS.SYSTEM:
         return None  # system workloads share tidal/system
@@ -116,7 +115,8 @@ def _workload_spec(base: str, alloc: Allocation, mems_all: str, shared: str, rec
         # the kubelet's unit: shares = millicpu * 1024 / 1000, which recovery reads back
         return CgroupSpec(path, {"cpus": shared, "mems": mems_all,
                                  "cpu_shares": max(2, alloc.millicpu * SHARES_PER_CPU // 1000)}, alloc.name)
-    # reclaimed: its millicpu is its cap (which recovery reads back from the
-    # quota), never above the reclaimed parent's cap (v1 refuses that)
-    quota = min(parent_cap_us, max(MIN_QUOTA_US, alloc.millicpu * CPU_PERIOD_US // 1000))
-    return CgroupSpec(path, {"cpus": reclaim, "mems": mems_all, "cpu_max": (quota, CPU_PERIOD_US)}, alloc.name)
+    # reclaimed: weighted by its request like a YARN container (shares, which recovery
+    # reads back), capped as a whole by the reclaimed parent's quota, not one by one:
+    # offline work may use what the capacity allows, as idle time comes and goes
+    return CgroupSpec(path, {"cpus": reclaim, "mems": mems_all,
+                             "cpu_shares": max(2, alloc.millicpu * SHARES_PER_CPU // 1000)}, alloc.name)

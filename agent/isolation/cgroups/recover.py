@@ -2,7 +2,7 @@
 
 The cgroup tree encodes each allocation: a dedicated workload's cpus and mems
 are its cpuset; a shared workload's millicpu is its ``cpu.shares`` (the
-kubelet's 1024 per cpu); a reclaimed workload's millicpu is its quota. What
+kubelet's 1024 per cpu), and so is a reclaimed workload's. What
 the tree cannot say (``numa_exclusive``, ``reclaim_allowed``, GPUs) is lost,
 and the recovery warning says so.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import List, Optional
 
-from agent.isolation.cgroups.desired import CPU_PERIOD_US, SHARES_PER_CPU
+from agent.isolation.cgroups.desired import SHARES_PER_CPU
 from agent.isolation.cgroups.driver import CgroupDriver
 from agent.isolation.cgroups.knobs import weight_to_shares
 from agent.qrm.model import Allocation, QoS, Tier
@@ -34,22 +34,6 @@ def _shares(driver: CgroupDriver, path: str) -> Optional[int]:
         return int(text) if text and text.strip().isdigit() else None
     text = driver.read("", path, "cpu.weight")
     return weight_to_shares(int(text)) if text and text.strip().isdigit() else None
-
-
-def _quota_millicpu(driver: CgroupDriver, path: str) -> Optional[int]:
-    if driver.version == 1:
-        quota = driver.read("cpu", path, "cpu.cfs_quota_us")
-        period = driver.read("cpu", path, "cpu.cfs_period_us")
-        try:
-            q, p = int(quota), int(period)
-        except (TypeError, ValueError):
-            return None
-    else:
-        parts = (driver.read("", path, "cpu.max") or "").split()
-        if len(parts) != 2 or parts[0] == "max":
-            return None
-        q, p = int(parts[0]), int(parts[1])
-    return None if q <= 0 else q * 1000 // (p or CPU_PERIOD_US)
 
 
 def recover_state(driver: CgroupDriver, base: str, topo: Topology) -> Optional[State]:
@@ -77,7 +61,8 @@ def recover_state(driver: CgroupDriver, base: str, topo: Topology) -> Optional[S
                                       mems=all_mems))
     for tier in Tier:
         for name in driver.children(f"{base}/reclaimed/{tier.value}"):
-            millicpu = _quota_millicpu(driver, f"{base}/reclaimed/{tier.value}/{name}") or 1000
+            shares = _shares(driver, f"{base}/reclaimed/{tier.value}/{name}") or SHARES_PER_CPU
+            millicpu = max(1, round(shares * 1000 / SHARES_PER_CPU))
             allocations.append(Allocation(name=name, qos=QoS.RECLAIMED, millicpu=millicpu, tier=tier, mems=all_mems))
     for alloc in allocations:
         if alloc.qos is QoS.DEDICATED and not set(alloc.cpus) <= online:
