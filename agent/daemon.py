@@ -238,10 +238,12 @@ class Agent:
             if verify:
                 self._last_verify = start
             cap = self.capacity.cap_millicpu if self.capacity is not None else self.state.reclaim_millicpu
-            key = (id(self.state), cap, self.config.cgroup_options)
-            if not verify and key == self._reconciled_key and self.last_report is not None:
+            # the state object itself, compared by identity (an id() could be reused once freed)
+            last = self._reconciled_key
+            unchanged = (last is not None and last[0] is self.state and last[1:] == (cap, self.config.cgroup_options))
+            if not verify and unchanged and self.last_report is not None:
                 return ReconcileReport()  # nothing changed since the last pass: no work at all
-            self._reconciled_key = key
+            self._reconciled_key = (self.state, cap, self.config.cgroup_options)
             pool = pools(self.topology, self.state)
             options = replace(self.config.cgroup_options, base=self.config.cgroup_base,
                               reclaimed_cap_millicpu=cap)
@@ -681,12 +683,12 @@ class Agent:
             (t0, u0), (t1, u1) = history[0], history[-1]
             rate = (u1 - u0) / 1e6 / max(1e-6, t1 - t0)  # millicpu
             with self.lock:
-                state_id, carved, online_cpus = self._guard_view
-                if state_id != id(self.state):  # pools change only with the state
+                seen, carved, online_cpus = self._guard_view
+                if seen is not self.state:  # pools change only with the state
                     pool = pools(self.topology, self.state)
                     carved = len(set(pool.reclaimed) - set(pool.lendable))
                     online_cpus = len(pool.shared) + len(pool.reserved)
-                    self._guard_view = (id(self.state), carved, online_cpus)
+                    self._guard_view = (self.state, carved, online_cpus)
                 if carved and rate >= self.sizer.saturation * online_cpus * 1000:
                     self.shrink_now(rate)
 
