@@ -460,15 +460,16 @@ class Agent:
         return bool(self.driver.features.get("cpu.idle")) and self.config.cgroup_options.harvest_shared
 
     def _memory_total(self) -> int:
-        total = sum(n.memory_bytes or 0 for n in self.topology.numa_nodes)
-        if not total:
+        """The node's memory: /proc/meminfo on the live host (node meminfo can lag
+        behind hot-plugged memory, as on this project's VMs), else the NUMA nodes'."""
+        if self.config.root == "/":
             try:
                 import psutil
 
-                total = psutil.virtual_memory().total
+                return psutil.virtual_memory().total
             except Exception:  # noqa: BLE001
-                total = 0
-        return total
+                pass
+        return sum(n.memory_bytes or 0 for n in self.topology.numa_nodes)
 
     def _allocatable(self, state: State) -> tuple:
         """(millicpu, bytes) offline could hold if online used nothing."""
