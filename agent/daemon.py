@@ -165,7 +165,7 @@ class Agent:
         # the pool aggregates are read every period: through files kept open (see usage_reader)
         self._aggregate_readers = {p: self.driver.usage_reader(p) for p in
                                    (f"{base}/reclaimed", f"{base}/dedicated", f"{base}/shared", f"{base}/system")}
-        self.sampler = UsageSampler(self._cpu_usage_ns)
+        self.sampler = UsageSampler(self._cpu_usage_ns, cpu_ids=self.topology.online_cpus())
         os.makedirs(cfg.state_dir, exist_ok=True)
         self.estimator.history.load()
         self.lending.load()
@@ -417,7 +417,7 @@ class Agent:
             used = 0
         offline_bytes = self.driver.memory_usage_bytes(f"{base}/reclaimed") or 0
         self.online_bytes = max(0, used - offline_bytes)
-        self.estimator.observe(now, epoch, self.online_millicpu, self.online_bytes)
+        self.estimator.observe(now, epoch, self.online_millicpu, self.online_bytes, self._online_per_node(sample, now))
         hour = self.estimator.history.key(epoch)
         if getattr(self, "_saved_hour", None) != hour or int(now) % 60 == 0:
             self._saved_hour = hour
@@ -425,6 +425,29 @@ class Agent:
                 self.estimator.history.save()
             except OSError as exc:
                 log.warning("cannot save usage history: %s", exc)
+
+    def _online_per_node(self, sample, now: float) -> Optional[Dict[int, int]]:
+        """Online millicpu on each NUMA node's cpus: per-cpu busy less the reclaimed and
+        dedicated trees' per-cpu use (v1 ``cpuacct.usage_percpu``); ``None`` without it."""
+        base = self.config.cgroup_base
+        other = [self.driver.cpu_usage_percpu_ns(f"{base}/{tree}") for tree in ("reclaimed", "dedicated")]
+        if any(v is None for v in other) or not sample.per_cpu_millicpu:
+            return None
+        total_ns = [sum(values) for values in zip(*other)]
+        last = getattr(self, "_percpu_last", None)
+        self._percpu_last = (now, total_ns)
+        if last is None or now <= last[0] or len(last[1]) != len(total_ns):
+            return None
+        elapsed = now - last[0]
+        per_node: Dict[int, int] = {}
+        for cpu, busy in sample.per_cpu_millicpu.items():
+            if cpu >= len(total_ns):
+                continue
+            offline = (total_ns[cpu] - last[1][cpu]) / 1e9 / elapsed * 1000
+            numa = self.topology.cpu(cpu).numa
+            if numa is not None:
+                per_node[numa] = per_node.get(numa, 0) + max(0, round(busy - offline))
+        return per_node
 
     def _release_empty(self, paths: Dict[str, str], now: float) -> None:
         state = self.state

@@ -96,14 +96,29 @@ class CapacityEstimator:
     deadband_bytes: int = 256 * MIB
     history: HourlyHistory = field(default_factory=HourlyHistory)
     _samples: Deque[Tuple[float, int, int]] = field(default_factory=deque)
+    _node_samples: Deque[Tuple[float, Dict[int, int]]] = field(default_factory=deque)
     _current: Optional[Tuple[int, int]] = None
     _last_update: Optional[float] = None
 
-    def observe(self, now: float, epoch: float, online_millicpu: int, online_bytes: int) -> None:
+    def observe(self, now: float, epoch: float, online_millicpu: int, online_bytes: int,
+                per_node: Optional[Dict[int, int]] = None) -> None:
+        """One usage sample; ``per_node``: online millicpu on each NUMA node's cpus, where known."""
         self._samples.append((now, max(0, online_millicpu), max(0, online_bytes)))
         while self._samples and self._samples[0][0] < now - self.window_s:
             self._samples.popleft()
+        if per_node is not None:
+            self._node_samples.append((now, dict(per_node)))
+        while self._node_samples and self._node_samples[0][0] < now - self.window_s:
+            self._node_samples.popleft()
         self.history.record(epoch, online_millicpu, online_bytes)
+
+    def node_demand(self, now: float) -> Optional[Dict[int, int]]:
+        """Per NUMA node: peak online millicpu in the window x (1 + buffer); ``None`` if unknown or stale."""
+        fresh = [s for s in self._node_samples if s[0] >= now - self.window_s]
+        if not fresh or fresh[-1][0] < now - self.stale_s:
+            return None
+        nodes = set().union(*(s[1] for s in fresh))
+        return {n: math.ceil(max(s[1].get(n, 0) for s in fresh) * (1 + self.buffer)) for n in nodes}
 
     def demand(self, now: float, epoch: float, requests: Tuple[int, int]) -> Tuple[int, int, str]:
         """(millicpu, bytes, source) of online demand, with the buffer."""
@@ -136,14 +151,32 @@ class CapacityEstimator:
         self._current, self._last_update = (cur_cpu, cur_mem), now
         cpu = cur_cpu // 1000 * 1000
         mem = cur_mem // MEMORY_STEP * MEMORY_STEP
-        per_node = []
-        if numa:
-            total_alloc = sum(n[1] for n in numa) or 1
-            for node, node_cpu, node_mem in numa:
-                share = node_cpu / total_alloc
-                per_node.append((node, min(node_cpu, int(cpu * share)) // 1000 * 1000,
-                                 min(node_mem, int(mem * share)) // MEMORY_STEP * MEMORY_STEP))
-        return Capacity(cpu, mem, source, tuple(per_node), limit_millicpu=cur_cpu)
+        return Capacity(cpu, mem, source, self._per_node(now, numa, cpu, mem), limit_millicpu=cur_cpu)
+
+    def _per_node(self, now: float, numa, cpu: int, mem: int) -> Tuple[Tuple[int, int, int], ...]:
+        """Each node's share: its allocatable less its own online peak x (1 + buffer) where
+        per-node usage is measured, else the node capacity split by allocatable; floored,
+        and never more in sum than the node-wide figure (taken from the largest first)."""
+        if not numa:
+            return ()
+        total_alloc = sum(n[1] for n in numa) or 1
+        demand = self.node_demand(now)
+        rows = []
+        for node, node_cpu, node_mem in numa:
+            share = node_cpu / total_alloc
+            if demand is not None:
+                node_cap = max(0, node_cpu - demand.get(node, 0))
+            else:
+                node_cap = min(node_cpu, int(cpu * share))
+            rows.append([node, node_cap // 1000 * 1000, min(node_mem, int(mem * share)) // MEMORY_STEP * MEMORY_STEP])
+        excess = sum(r[1] for r in rows) - cpu
+        for row in sorted(rows, key=lambda r: -r[1]):
+            if excess <= 0:
+                break
+            cut = min(row[1], -(-excess // 1000) * 1000)
+            row[1] -= cut
+            excess -= cut
+        return tuple((n, c, m) for n, c, m in rows)
 
     @staticmethod
     def _smooth(current: int, raw: int, deadband: int, ramp: float) -> int:

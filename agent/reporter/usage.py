@@ -29,10 +29,13 @@ class UsageSampler:
     in jiffies (10 ms), so a shorter interval reads 0% or 100% at random, and
     one such spike would pass for an online peak."""
 
-    def __init__(self, cpu_usage_ns, min_interval: float = 0.1) -> None:
-        """``cpu_usage_ns(path) -> int | None`` reads a cgroup's cumulative cpu time."""
+    def __init__(self, cpu_usage_ns, min_interval: float = 0.1, cpu_ids=None) -> None:
+        """``cpu_usage_ns(path) -> int | None`` reads a cgroup's cumulative cpu time.
+        ``cpu_ids``: the online cpus, in order: /proc/stat (psutil) lists only online
+        cpus, so its n-th entry is the n-th online cpu, not cpu n."""
         self._cgroup_usage = cpu_usage_ns
         self.min_interval = min_interval
+        self.cpu_ids = list(cpu_ids) if cpu_ids is not None else None
         self._last_time: Optional[float] = None
         self._last_cpu: Optional[List[float]] = None
         self._last_cgroup: Dict[str, tuple] = {}  # path -> (time, cumulative ns)
@@ -55,7 +58,9 @@ class UsageSampler:
         result = None
         if self._last_time is not None and now > self._last_time:
             elapsed = now - self._last_time
-            per_cpu = {i: max(0, min(1000, round((b - a) / elapsed * 1000)))
+            ids = self.cpu_ids if self.cpu_ids is not None and len(self.cpu_ids) == len(cpu_busy) \
+                else list(range(len(cpu_busy)))
+            per_cpu = {ids[i]: max(0, min(1000, round((b - a) / elapsed * 1000)))
                        for i, (a, b) in enumerate(zip(self._last_cpu or [], cpu_busy))}
             result = UsageSample(per_cpu, per_cg, sum(per_cpu.values()))
         self._last_time, self._last_cpu = now, cpu_busy

@@ -106,3 +106,32 @@ def test_history_survives_a_corrupt_file(tmp_path):
     again = HourlyHistory(str(path))
     again.load()
     assert again.hours == {HourlyHistory.key(DAY0): (5, 6)}
+
+
+def test_per_node_capacity_follows_each_nodes_own_usage():
+    est = CapacityEstimator(window_s=60, buffer=0.2)
+    numa = ((0, 16_000, 64 * GIB), (1, 16_000, 64 * GIB))
+    for t in range(10):
+        est.observe(t, DAY0 + t, 14_000, GIB, per_node={0: 12_000, 1: 2_000})  # node 0 is busy
+    cap = est.estimate(9, DAY0 + 9, ALLOC, (0, 0), numa)
+    assert cap.millicpu == 15_000  # 32000 - 16800
+    nodes = {n: c for n, c, m in cap.numa}
+    assert nodes == {0: 1_000, 1: 13_000}  # 16000 - 14400 -> 1000; 16000 - 2400 -> 13000
+    assert sum(nodes.values()) <= cap.millicpu
+
+
+def test_per_node_capacity_never_exceeds_the_node_wide_figure():
+    est = CapacityEstimator(window_s=60, buffer=0.2)
+    numa = ((0, 16_000, 64 * GIB), (1, 16_000, 64 * GIB))
+    for t in range(10):  # per-node samples say idle, node-wide says busy (they can disagree)
+        est.observe(t, DAY0 + t, 20_000, GIB, per_node={0: 0, 1: 0})
+    cap = est.estimate(9, DAY0 + 9, ALLOC, (0, 0), numa)
+    assert cap.millicpu == 8_000 and sum(c for n, c, m in cap.numa) <= 8_000
+
+
+def test_per_node_falls_back_to_a_split_without_per_node_usage():
+    est = CapacityEstimator(window_s=60, buffer=0.2)
+    numa = ((0, 24_000, 64 * GIB), (1, 8_000, 64 * GIB))
+    est.observe(0, DAY0, 8_000, GIB)
+    cap = est.estimate(0, DAY0, ALLOC, (0, 0), numa)
+    assert cap.millicpu == 22_000 and dict((n, c) for n, c, m in cap.numa) == {0: 16_000, 1: 5_000}

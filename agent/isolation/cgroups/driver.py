@@ -34,6 +34,7 @@ class CgroupDriver(Protocol):
     def children(self, path: str) -> List[str]: ...
     def cpu_usage_ns(self, path: str) -> Optional[int]: ...
     def memory_usage_bytes(self, path: str) -> Optional[int]: ...
+    def cpu_usage_percpu_ns(self, path: str) -> Optional[List[int]]: ...
     def usage_reader(self, path: str): ...
     def kill(self, path: str, sig: int) -> List[int]: ...
     def where(self, path: str) -> Dict[str, str]: ...
@@ -175,6 +176,16 @@ class KernelCgroups:
         except OSError:
             return []
 
+    def cpu_usage_percpu_ns(self, path: str) -> Optional[List[int]]:
+        """Cumulative ns per cpu (v1 ``cpuacct.usage_percpu``); ``None`` where the kernel has no such file."""
+        if self.version != 1 or "cpuacct" not in self.bases:
+            return None
+        text = self.read("cpuacct", path, "cpuacct.usage_percpu")
+        try:
+            return [int(v) for v in text.split()] if text else None
+        except ValueError:
+            return None
+
     def memory_usage_bytes(self, path: str) -> Optional[int]:
         if self.version == 1:
             text = self.read("memory", path, "memory.usage_in_bytes") if "memory" in self.bases else None
@@ -258,6 +269,7 @@ class RecordingCgroups:
         self.ops: List[Tuple] = []
         self.usage: Dict[str, int] = {}
         self.memory: Dict[str, int] = {}
+        self.percpu: Dict[str, List[int]] = {}
 
     def where(self, path: str) -> Dict[str, str]:
         return {"recorded": path}
@@ -313,6 +325,9 @@ class RecordingCgroups:
 
     def memory_usage_bytes(self, path: str) -> Optional[int]:
         return self.memory.get(path)
+
+    def cpu_usage_percpu_ns(self, path: str) -> Optional[List[int]]:
+        return self.percpu.get(path)
 
     def kill(self, path: str, sig: int) -> List[int]:
         pids = _all_procs(self, path)
