@@ -166,6 +166,7 @@ class Agent:
         self._aggregate_readers = {p: self.driver.usage_reader(p) for p in
                                    (f"{base}/reclaimed", f"{base}/dedicated", f"{base}/shared", f"{base}/system")}
         self.sampler = UsageSampler(self._cpu_usage_ns, cpu_ids=self.topology.online_cpus())
+        self._percpu_readers = [self.driver.percpu_reader(f"{base}/{tree}") for tree in ("reclaimed", "dedicated")]
         os.makedirs(cfg.state_dir, exist_ok=True)
         self.estimator.history.load()
         self.lending.load()
@@ -429,8 +430,7 @@ class Agent:
     def _online_per_node(self, sample, now: float) -> Optional[Dict[int, int]]:
         """Online millicpu on each NUMA node's cpus: per-cpu busy less the reclaimed and
         dedicated trees' per-cpu use (v1 ``cpuacct.usage_percpu``); ``None`` without it."""
-        base = self.config.cgroup_base
-        other = [self.driver.cpu_usage_percpu_ns(f"{base}/{tree}") for tree in ("reclaimed", "dedicated")]
+        other = [read() for read in self._percpu_readers]
         if any(v is None for v in other) or not sample.per_cpu_millicpu:
             return None
         total_ns = [sum(values) for values in zip(*other)]

@@ -36,6 +36,7 @@ class CgroupDriver(Protocol):
     def memory_usage_bytes(self, path: str) -> Optional[int]: ...
     def cpu_usage_percpu_ns(self, path: str) -> Optional[List[int]]: ...
     def usage_reader(self, path: str): ...
+    def percpu_reader(self, path: str): ...
     def kill(self, path: str, sig: int) -> List[int]: ...
     def where(self, path: str) -> Dict[str, str]: ...
 
@@ -204,19 +205,15 @@ class KernelCgroups:
                 pass
         return signalled
 
-    def usage_reader(self, path: str):
-        """A function returning the cgroup's cumulative cpu ns, reading through a file
-        kept open: opening a cgroup file costs ~10x a pread of it, and the fast guard
-        reads 20 times a second."""
-        if self.version == 1:
-            if "cpuacct" not in self.bases:
-                return lambda: None
-            target = os.path.join(self._dir("cpuacct", path), "cpuacct.usage")
-        else:
-            target = os.path.join(self._dir("", path), "cpu.stat")
+    def file_reader(self, controller: str, path: str, file: str):
+        """A function returning a cgroup file's text, read through a file kept open:
+        opening a cgroup file costs ~10x a pread of it, and the agent reads a few
+        of them every period and the fast guard 20 times a second. A cgroup
+        removed (and maybe made again) is reopened once; gone, it reads ``None``."""
+        target = os.path.join(self._dir(controller, path), file)
         state = {"fd": None}
 
-        def read() -> Optional[int]:
+        def read() -> Optional[str]:
             for _ in range(2):
                 if state["fd"] is None:
                     try:
@@ -224,21 +221,46 @@ class KernelCgroups:
                     except OSError:
                         return None
                 try:
-                    text = os.pread(state["fd"], 4096, 0).decode()
-                except OSError:  # the cgroup was removed and maybe made again: reopen once
+                    return os.pread(state["fd"], 65536, 0).decode()
+                except OSError:
                     os.close(state["fd"])
                     state["fd"] = None
-                    continue
-                if self.version == 1:
-                    return int(text) if text.strip().isdigit() else None
-                for line in text.splitlines():
-                    key, _, value = line.partition(" ")
-                    if key == "usage_usec":
-                        return int(value) * 1000
-                return None
             return None
 
         return read
+
+    def usage_reader(self, path: str):
+        """A function returning the cgroup's cumulative cpu ns (see ``file_reader``)."""
+        if self.version == 1:
+            if "cpuacct" not in self.bases:
+                return lambda: None
+            read = self.file_reader("cpuacct", path, "cpuacct.usage")
+            return lambda: _int_or_none(read())
+        read = self.file_reader("", path, "cpu.stat")
+
+        def usage() -> Optional[int]:
+            for line in (read() or "").splitlines():
+                key, _, value = line.partition(" ")
+                if key == "usage_usec":
+                    return int(value) * 1000
+            return None
+
+        return usage
+
+    def percpu_reader(self, path: str):
+        """A function returning cumulative ns per cpu (v1 ``cpuacct.usage_percpu``), or ``None``."""
+        if self.version != 1 or "cpuacct" not in self.bases:
+            return lambda: None
+        read = self.file_reader("cpuacct", path, "cpuacct.usage_percpu")
+
+        def percpu() -> Optional[List[int]]:
+            text = read()
+            try:
+                return [int(v) for v in text.split()] if text else None
+            except ValueError:
+                return None
+
+        return percpu
 
     def cpu_usage_ns(self, path: str) -> Optional[int]:
         if self.version == 1:
@@ -249,6 +271,10 @@ class KernelCgroups:
             if key == "usage_usec":
                 return int(value) * 1000
         return None
+
+
+def _int_or_none(text: Optional[str]) -> Optional[int]:
+    return int(text) if text and text.strip().isdigit() else None
 
 
 def _all_procs(driver, path: str) -> List[int]:
@@ -322,6 +348,9 @@ class RecordingCgroups:
 
     def usage_reader(self, path: str):
         return lambda: self.usage.get(path)
+
+    def percpu_reader(self, path: str):
+        return lambda: self.percpu.get(path)
 
     def memory_usage_bytes(self, path: str) -> Optional[int]:
         return self.memory.get(path)
