@@ -34,7 +34,6 @@ class CgroupDriver(Protocol):
     def children(self, path: str) -> List[str]: ...
     def cpu_usage_ns(self, path: str) -> Optional[int]: ...
     def memory_usage_bytes(self, path: str) -> Optional[int]: ...
-    def cpu_usage_percpu_ns(self, path: str) -> Optional[List[int]]: ...
     def usage_reader(self, path: str): ...
     def percpu_reader(self, path: str): ...
     def kill(self, path: str, sig: int) -> List[int]: ...
@@ -176,16 +175,6 @@ class KernelCgroups:
             return sorted(e for e in os.listdir(directory) if os.path.isdir(os.path.join(directory, e)))
         except OSError:
             return []
-
-    def cpu_usage_percpu_ns(self, path: str) -> Optional[List[int]]:
-        """Cumulative ns per cpu (v1 ``cpuacct.usage_percpu``); ``None`` where the kernel has no such file."""
-        if self.version != 1 or "cpuacct" not in self.bases:
-            return None
-        text = self.read("cpuacct", path, "cpuacct.usage_percpu")
-        try:
-            return [int(v) for v in text.split()] if text else None
-        except ValueError:
-            return None
 
     def memory_usage_bytes(self, path: str) -> Optional[int]:
         if self.version == 1:
@@ -354,9 +343,6 @@ class RecordingCgroups:
 
     def memory_usage_bytes(self, path: str) -> Optional[int]:
         return self.memory.get(path)
-
-    def cpu_usage_percpu_ns(self, path: str) -> Optional[List[int]]:
-        return self.percpu.get(path)
 
     def kill(self, path: str, sig: int) -> List[int]:
         pids = _all_procs(self, path)
