@@ -142,7 +142,7 @@ class Agent:
         self._last_verify = -1e18
         self._reconciled_key = None
         self._paths = (None, {})
-        self._guard_view = (None, 0, 0)
+        self._pools_memo = (None, None)
         self._last_watch = -1e18
         self._last_usage = -1e18
         self._server = None
@@ -179,7 +179,7 @@ class Agent:
             from agent.qrm.policy import initial_state
 
             check = initial_state(self.topology, cfg.reserved_cpus)
-            clash = set(check.reserved) & set(pools(self.topology, state).dedicated)
+            clash = set(check.reserved) & set(self._pools(state).dedicated)
             if clash:
                 raise AdmissionError(f"reserved cpus {format_cpulist(clash)} are held by dedicated workloads")
             state = replace(state, reserved=check.reserved)
@@ -191,7 +191,7 @@ class Agent:
             self.seen_procs[alloc.name] = False
         report = self.reconcile()
         self.store.save(self.state, self.topology)
-        if cfg.confine_self and not cfg.record_cgroups and pools(self.topology, self.state).reserved:
+        if cfg.confine_self and not cfg.record_cgroups and self._pools().reserved:
             try:
                 self.driver.move(f"{cfg.cgroup_base}/system", os.getpid())
             except CgroupError as exc:
@@ -204,6 +204,14 @@ class Agent:
             f"{len(report.written)} cgroup writes, {len(report.failed)} failures")
         for warning in topo.warnings:
             self.echo(f"tidal agent: warning: {warning}")
+
+    def _pools(self, state: Optional[State] = None):
+        """``pools`` of ``state`` (default: the current one), computed once per state:
+        the loop, the API and the guard all ask for it, and it changes only with the state."""
+        state = self.state if state is None else state
+        if self._pools_memo[0] is not state:
+            self._pools_memo = (state, pools(self.topology, state))
+        return self._pools_memo[1]
 
     def _cpu_usage_ns(self, path: str) -> Optional[int]:
         reader = self._aggregate_readers.get(path)
@@ -245,7 +253,7 @@ class Agent:
             if not verify and unchanged and self.last_report is not None:
                 return ReconcileReport()  # nothing changed since the last pass: no work at all
             self._reconciled_key = (self.state, cap, self.config.cgroup_options)
-            pool = pools(self.topology, self.state)
+            pool = self._pools()
             options = replace(self.config.cgroup_options, base=self.config.cgroup_base,
                               reclaimed_cap_millicpu=cap)
             specs = desired_tree(self.topology, self.state, pool, options, self.driver.features)
@@ -318,14 +326,13 @@ class Agent:
             return self.describe(alloc)
 
     def describe(self, alloc: Allocation, pool=None) -> Dict[str, Any]:
-        pool = pool or pools(self.topology, self.state)
+        pool = pool or self._pools()
         path = workload_path(self.config.cgroup_base, alloc)
         cpus = effective_cpus(self.topology, self.state, alloc, pool)
         if alloc.qos is QoS.RECLAIMED:
             from agent.isolation.cgroups.desired import reclaimed_cpus
 
-            cpus = reclaimed_cpus(pool, bool(self.driver.features.get("cpu.idle")),
-                                  self.config.cgroup_options.harvest_shared)
+            cpus = reclaimed_cpus(pool, self._harvests_shared())
         return {
             "name": alloc.name, "qos": alloc.qos.value, "millicpu": alloc.millicpu,
             "cpus": format_cpulist(cpus), "mems": format_cpulist(alloc.mems),
@@ -337,12 +344,12 @@ class Agent:
 
     def workloads(self) -> List[Dict[str, Any]]:
         with self.lock:
-            pool = pools(self.topology, self.state)
+            pool = self._pools()
             return [self.describe(a, pool) for a in self.state.allocations]
 
     def status(self) -> Dict[str, Any]:
         with self.lock:
-            pool = pools(self.topology, self.state)
+            pool = self._pools()
             owner: Dict[int, Dict[str, Optional[str]]] = {}
             for cpu in pool.reserved:
                 owner[cpu] = {"pool": "reserved", "workload": None}
@@ -474,7 +481,7 @@ class Agent:
             shared_target = lay.shared_need  # lent: everything not needed goes to offline
         else:
             shared_target = self.sizer.update(self.online_millicpu, lay.shared_need, len(lay.free))
-        lendable = len(pools(self.topology, self.state).lendable)
+        lendable = len(self._pools().lendable)
         target = lendable + max(0, len(lay.free) - shared_target)
         if target != self.state.reclaim_cpus:
             self._commit(self.state.with_reclaim_cpus(target))
@@ -496,7 +503,7 @@ class Agent:
 
     def _allocatable(self, state: State) -> tuple:
         """(millicpu, bytes) offline could hold if online used nothing."""
-        pool = pools(self.topology, state)
+        pool = self._pools(state)
         lay = _layout(self.topology, state)
         if self._harvests_shared():
             cpus = len(lay.free) + len(lay.reserved) + len(pool.lendable)
@@ -619,15 +626,14 @@ class Agent:
 
             cap = self.capacity or Capacity(0, 0, "requests")
             node = self.lending.current
-            pool = pools(self.topology, self.state)
+            pool = self._pools()
             doc = {
                 "node_state": node.state, "generation": self.generation,
                 "updated_at": _iso(self.updated_at), "valid_seconds": max(30, int(math.ceil(3 * self.config.period))),
                 "source": cap.source,
                 "reclaimed": {
                     "millicpu": cap.millicpu, "memory_bytes": cap.memory_bytes,
-                    "cpus": format_cpulist(reclaimed_cpus(pool, bool(self.driver.features.get("cpu.idle")),
-                                                          self.config.cgroup_options.harvest_shared)),
+                    "cpus": format_cpulist(reclaimed_cpus(pool, self._harvests_shared())),
                     "numa": [{"id": n, "millicpu": c, "memory_bytes": m} for n, c, m in cap.numa],
                 },
             }
@@ -707,12 +713,9 @@ class Agent:
             (t0, u0), (t1, u1) = history[0], history[-1]
             rate = (u1 - u0) / 1e6 / max(1e-6, t1 - t0)  # millicpu
             with self.lock:
-                seen, carved, online_cpus = self._guard_view
-                if seen is not self.state:  # pools change only with the state
-                    pool = pools(self.topology, self.state)
-                    carved = len(set(pool.reclaimed) - set(pool.lendable))
-                    online_cpus = len(pool.shared) + len(pool.reserved)
-                    self._guard_view = (self.state, carved, online_cpus)
+                pool = self._pools()
+                carved = not set(pool.reclaimed) <= set(pool.lendable)  # cpus carved from the shared pool
+                online_cpus = len(pool.shared) + len(pool.reserved)
                 if carved and rate >= self.sizer.saturation * online_cpus * 1000:
                     self.shrink_now(rate)
 
@@ -721,7 +724,7 @@ class Agent:
         with self.lock:
             lay = _layout(self.topology, self.state)
             self.sizer.force(len(lay.free), int(online_millicpu))
-            lendable = len(pools(self.topology, self.state).lendable)
+            lendable = len(self._pools().lendable)
             self.estimator.observe(time.monotonic(), time.time(), int(online_millicpu), self.online_bytes)
             state = self._with_capacity(self.state.with_reclaim_cpus(lendable))
             self._commit(state)

@@ -48,12 +48,13 @@ class CgroupSpec:
     workload: Optional[str] = None  # the allocation this cgroup belongs to
 
 
-def reclaimed_cpus(pools: Pools, cpu_idle: bool, harvest_shared: bool) -> Tuple[int, ...]:
-    """Where reclaimed work may run: the reclaim pool; with ``cpu.idle`` also
-    the shared and reserved pools, whose idle time it takes at idle priority
-    (never dedicated cpus, unless their owner lends them)."""
+def reclaimed_cpus(pools: Pools, harvest: bool) -> Tuple[int, ...]:
+    """Where reclaimed work may run: the reclaim pool; when it ``harvest``s (the
+    kernel has ``cpu.idle`` and the option is on) also the shared and reserved
+    pools, whose idle time it takes at idle priority (never dedicated cpus,
+    unless their owner lends them)."""
     cpus = set(pools.reclaimed)
-    if cpu_idle and harvest_shared:
+    if harvest:
         cpus |= set(pools.shared) | set(pools.reserved)
     if not cpus:  # nothing to lend: park on the reserved (or any shared) cpus, throttled to the minimum
         cpus = set(pools.reserved or pools.shared or pools.dedicated[:1])
@@ -69,7 +70,7 @@ def desired_tree(topo: Topology, state: State, pools: Pools, options: CgroupOpti
     shared = format_cpulist(pools.shared)
     dedicated = format_cpulist(pools.dedicated)
     cpu_idle = bool(features.get("cpu.idle"))
-    reclaim_set = reclaimed_cpus(pools, cpu_idle, options.harvest_shared)
+    reclaim_set = reclaimed_cpus(pools, cpu_idle and options.harvest_shared)
     reclaim = format_cpulist(reclaim_set)
     if options.reclaimed_cap_millicpu is not None:
         cap_us = max(MIN_QUOTA_US, options.reclaimed_cap_millicpu * CPU_PERIOD_US // 1000)
