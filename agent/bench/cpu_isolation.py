@@ -34,6 +34,8 @@ import psutil
 
 from agent.bench.timing import median, percentile
 from agent.errors import TidalError
+from agent.isolation.cgroups.desired import CgroupSpec
+from agent.topology.parse import format_cpulist
 
 
 # ---- the processes (run as `python -m agent.bench.cpu_isolation probe|hog`) ----
@@ -150,26 +152,22 @@ def run(duration: float = 2.0, repeats: int = 10, period_ms: float = 5.0, work_u
     driver = KernelCgroups(mounts, parent="self")
     base = f"tidal-bench-{uuid.uuid4().hex[:8]}"
     args = {"period_ms": period_ms, "work_us": work_us, "duration": duration}
-    v1 = driver.version == 1
 
-    def group(path: str, cpuset: Optional[str] = None, shares: Optional[int] = None) -> str:
-        for part in range(1, len(path.split("/")) + 1):
-            driver.create("/".join(path.split("/")[:part]))
-        every = ",".join(map(str, online))
-        mems = ",".join(str(n.id) for n in topo.numa_nodes if n.cpus)
-        prefix = path.split("/")
-        for depth in range(1, len(prefix) + 1):
-            sub = "/".join(prefix[:depth])
-            controller = "cpuset" if v1 else ""
-            driver.write(controller, sub, "cpuset.mems", mems)
-            driver.write(controller, sub, "cpuset.cpus", every if depth < len(prefix) or cpuset is None else cpuset)
-        if shares is not None:
-            if v1:
-                driver.write("cpu", path, "cpu.shares", str(shares))
-            else:
-                from agent.isolation.cgroups.knobs import shares_to_weight
-                driver.write("", path, "cpu.weight", str(shares_to_weight(shares)))
-        return path
+    every = format_cpulist(online)
+    mems = format_cpulist(n.id for n in topo.numa_nodes if n.cpus)
+
+    def make_groups(run: _Run, online_group: str, offline_group: str, knobs: Dict[str, Dict[str, Any]]):
+        """Make ``base/<group>`` cgroups with ``knobs`` (through the reconciler and its knob
+        table, like the agent), put the probe and the hogs in, and return the clean-up."""
+        specs = [CgroupSpec(base, {"cpus": every, "mems": mems})]
+        specs += [CgroupSpec(f"{base}/{name}", {"cpus": every, "mems": mems, **extra}) for name, extra in knobs.items()]
+        report = Reconciler(driver, base).apply(specs)
+        if report.failed:
+            raise TidalError(f"bench cgroups: {report.failed[0][2]}")
+        driver.move(f"{base}/{online_group}", run.probe.pid)
+        for hog in run.hogs:
+            driver.move(f"{base}/{offline_group}", hog.pid)
+        return remove_bench_tree
 
     def remove_bench_tree() -> None:
         Reconciler(driver, base).revert()
@@ -178,20 +176,12 @@ def run(duration: float = 2.0, repeats: int = 10, period_ms: float = 5.0, work_u
         return None
 
     def besteffort(run: _Run):
-        online_cg = group(f"{base}/burstable", shares=1024)
-        offline_cg = group(f"{base}/besteffort", shares=2)
-        driver.move(online_cg, run.probe.pid)
-        for hog in run.hogs:
-            driver.move(offline_cg, hog.pid)
-        return remove_bench_tree
+        return make_groups(run, "burstable", "besteffort",
+                     {"burstable": {"cpu_shares": 1024}, "besteffort": {"cpu_shares": 2}})
 
     def static_split(run: _Run):
-        online_cg = group(f"{base}/online", cpuset=str(online[0]))
-        offline_cg = group(f"{base}/offline", cpuset=",".join(map(str, online[1:])))
-        driver.move(online_cg, run.probe.pid)
-        for hog in run.hogs:
-            driver.move(offline_cg, hog.pid)
-        return remove_bench_tree
+        return make_groups(run, "online", "offline", {"online": {"cpus": str(online[0])},
+                                                "offline": {"cpus": format_cpulist(online[1:])}})
 
     def tidal(run: _Run):
         state_dir = tempfile.mkdtemp(prefix="tidal-bench-")
