@@ -59,8 +59,3 @@ class ReclaimSizer:
             self._history.popleft()
         self._shared_target, self._quiet = shared_target, 0
 
-    def demand_millicpu(self) -> Optional[int]:
-        """Recent peak online usage times (1 + buffer); ``None`` before any sample."""
-        if not self._history:
-            return None
-        return math.ceil(max(self._history) * (1 + self.buffer))
