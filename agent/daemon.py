@@ -246,16 +246,19 @@ class Agent:
                 verify = start - self._last_verify >= self.config.drift_check_period
             if verify:
                 self._last_verify = start
+            # the reclaimed parent's cpu and memory limits are the current capacity
             cap = self.capacity.cap_millicpu if self.capacity is not None else self.state.reclaim_millicpu
+            memory = (max(self.capacity.memory_bytes, 64 * MIB) if self.capacity is not None
+                      else self.config.cgroup_options.reclaimed_memory_max)
+            options = replace(self.config.cgroup_options, base=self.config.cgroup_base,
+                              reclaimed_cap_millicpu=cap, reclaimed_memory_max=memory)
             # the state object itself, compared by identity (an id() could be reused once freed)
             last = self._reconciled_key
-            unchanged = (last is not None and last[0] is self.state and last[1:] == (cap, self.config.cgroup_options))
+            unchanged = last is not None and last[0] is self.state and last[1] == options
             if not verify and unchanged and self.last_report is not None:
                 return ReconcileReport()  # nothing changed since the last pass: no work at all
-            self._reconciled_key = (self.state, cap, self.config.cgroup_options)
+            self._reconciled_key = (self.state, options)
             pool = self._pools()
-            options = replace(self.config.cgroup_options, base=self.config.cgroup_base,
-                              reclaimed_cap_millicpu=cap)
             specs = desired_tree(self.topology, self.state, pool, options, self.driver.features)
             report = self.reconciler.apply(specs, verify=verify)
             self.last_reconcile_ms = (time.perf_counter() - start) * 1000
@@ -561,10 +564,6 @@ class Agent:
         state = self._with_capacity(self.state, now, epoch)
         if state != self.state:
             self._commit(state)
-        memory = self.capacity.memory_bytes if self.capacity else None
-        if memory is not None and self.config.cgroup_options.reclaimed_memory_max != memory:
-            self.config = replace(self.config, cgroup_options=replace(self.config.cgroup_options,
-                                                                      reclaimed_memory_max=max(memory, 64 * MIB)))
 
     def _evict(self, alloc: Allocation, reason: str, epoch: Optional[float] = None) -> None:
         path = workload_path(self.config.cgroup_base, alloc)
