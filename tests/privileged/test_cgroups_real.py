@@ -159,6 +159,25 @@ def test_drift_made_by_someone_else_is_repaired(agent, procs):
     assert agent.counters["drift_repairs"] == 2
 
 
+def cgroup2_of(pid: int) -> str:
+    with open(f"/proc/{pid}/cgroup") as handle:
+        return next(line.split(":", 2)[2].strip() for line in handle if line.startswith("0::"))
+
+
+def test_attached_process_is_in_the_cgroup2_membership_tree_too(agent, procs):
+    """The network classifier matches a socket's cgroup2 cgroup: on a hybrid host the
+    workload must be a member of the mirror as well as of its v1 cgroups."""
+    mirror = agent.driver.membership_dir(f"{agent.config.cgroup_base}/reclaimed/low/batch")
+    if mirror is None:
+        pytest.skip("this host has no cgroup2 hierarchy (v1 only): nothing to mirror into")
+    agent.admit({"name": "batch", "qos": "reclaimed_cores", "millicpu": 100, "tier": "low"})
+    sleeper = procs()
+    agent.attach("batch", sleeper.pid)
+    unified_root = detect(HostFS("/")).unified
+    assert cgroup2_of(sleeper.pid) == "/" + os.path.relpath(mirror, unified_root)
+    assert str(sleeper.pid) in open(os.path.join(mirror, "cgroup.procs")).read().split()
+
+
 def test_attach_of_a_dead_pid_is_a_clear_error(agent):
     from agent.errors import AdmissionError
 
@@ -231,3 +250,5 @@ def test_revert_on_exit_leaves_no_trace(tmp_path, base):
     assert agent.returncode == 0 and "reverted" in out
     for directory in driver.where(base).values():
         assert not os.path.exists(directory)
+    mirror = driver.membership_dir(base)
+    assert mirror is None or not os.path.exists(mirror)

@@ -52,10 +52,14 @@ def own_cgroups(fs: HostFS, pid: str = "self") -> Dict[str, str]:
     return result
 
 
+UNIFIED = "unified"  # key of the hybrid host's membership-only cgroup2 tree in KernelCgroups.bases
+
+
 class KernelCgroups:
     """Real cgroup files (v1: one directory per hierarchy; v2: one tree)."""
 
-    def __init__(self, mounts: CgroupMounts, fs: Optional[HostFS] = None, parent: str = "/") -> None:
+    def __init__(self, mounts: CgroupMounts, fs: Optional[HostFS] = None, parent: str = "/",
+                 mirror_unified: bool = True) -> None:
         self.mounts = mounts
         self.version = mounts.version
         self.features = dict(mounts.features)
@@ -74,6 +78,13 @@ class KernelCgroups:
         for controller in self.controllers:
             seen.setdefault(self.bases[controller], controller)
         self._distinct = list(seen.values())
+        # Hybrid hosts: mirror the tree in the controller-less cgroup2 hierarchy. A socket
+        # belongs to the cgroup2 cgroup of the task that made it, and that is what the
+        # network classifier matches (nft ``socket cgroupv2``); v1 membership is invisible to it.
+        if self.version == 1 and mirror_unified and mounts.unified:
+            base = own.get("", "/") if parent == "self" else parent
+            self.bases[UNIFIED] = self.fs.path(mounts.unified) + base.rstrip("/")
+            self._distinct.append(UNIFIED)
 
     def _dir(self, controller: str, path: str) -> str:
         key = "" if self.version == 2 else controller
@@ -81,6 +92,13 @@ class KernelCgroups:
 
     def where(self, path: str) -> Dict[str, str]:
         return {c or "unified": self._dir(c, path) for c in self.controllers}
+
+    def membership_dir(self, path: str) -> Optional[str]:
+        """The cgroup2 directory whose members are the workload's tasks (v2: the cgroup
+        itself; hybrid v1: its mirror), or ``None`` when the host has no cgroup2 tree."""
+        if self.version == 2:
+            return self._dir("", path)
+        return self._dir(UNIFIED, path) if UNIFIED in self.bases else None
 
     def exists(self, path: str) -> bool:
         return all(os.path.isdir(self._dir(c, path)) for c in self._distinct)
@@ -288,6 +306,9 @@ class RecordingCgroups:
 
     def where(self, path: str) -> Dict[str, str]:
         return {"recorded": path}
+
+    def membership_dir(self, path: str) -> Optional[str]:
+        return None
 
     def exists(self, path: str) -> bool:
         return path in self.files
