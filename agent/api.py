@@ -12,6 +12,7 @@
 | GET    | /v1/node                      |                     | 200 node state (lending)         |
 | POST   | /v1/node/lend, /v1/node/reclaim | {"notice": "60s"} | 200; 409 wrong state             |
 | GET    | /v1/evictions                 |                     | 200 recent evictions, by tier    |
+| GET    | /v1/net                       |                     | 200 traffic classes per NIC      |
 
 Errors are JSON ``{"error": "<one line>"}`` with 400 (malformed or invalid
 request), 404 (no such workload or path), 409 (name in use), 422 (does not
@@ -101,6 +102,8 @@ class _Handler(BaseHTTPRequestHandler):
                 return self._send(200, agent.take_back(_notice(self._body())))
             if method == "GET" and route == ["evictions"]:
                 return self._send(200, {"evictions": agent.evictions, "by_tier": agent.evictions_by_tier})
+            if method == "GET" and route == ["net"]:
+                return self._send(200, agent.net_status())
             if method == "GET" and route == ["workloads"]:
                 return self._send(200, {"workloads": agent.workloads()})
             if method == "POST" and route == ["workloads"]:

@@ -142,12 +142,21 @@ def parse_reserved(value: Optional[str]):
               help="Do not move the agent itself into the system pool (the reserved cpus).")
 @click.option("--record-cgroups", is_flag=True,
               help="Keep cgroup writes in memory instead of applying them (dry run; tests off the host).")
+@click.option("--online-nic", default=None, metavar="NAME:RATE",
+              help="Shape this NIC's traffic (online first), with its link rate, e.g. eth0:10gbit.")
+@click.option("--offline-nic", default=None, metavar="NAME:RATE",
+              help="Send offline traffic through this second NIC (policy routing; falls back to the online NIC).")
+@click.option("--offline-gateway", default=None, metavar="IP",
+              help="Next hop of offline traffic on the offline NIC (default: that NIC's default route).")
+@click.option("--net-netns", default=None, metavar="NAME",
+              help="Shape NICs of this network namespace (/run/netns/NAME) instead of the agent's own.")
+@click.option("--no-ingress-shaping", is_flag=True, help="Shape outgoing traffic only (no IFB devices).")
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["debug", "info", "warning", "error"]))
 def agent(root: str, socket_path: str, state_dir: str, reserved_cpus, period: float, tcp_port, cgroup_base: str,
           cgroup_parent: str, no_resize: bool, revert: bool, push_command, push_url, eviction_grace: float,
           online_policy: str, hooks, guard_interval: float, no_confine_self: bool, record_cgroups: bool,
-          log_level: str) -> None:
+          online_nic, offline_nic, offline_gateway, net_netns, no_ingress_shaping: bool, log_level: str) -> None:
     """Run the node agent in the foreground (what `make run` and the systemd unit start)."""
     import logging
 
@@ -160,8 +169,26 @@ def agent(root: str, socket_path: str, state_dir: str, reserved_cpus, period: fl
                          revert_on_exit=revert, record_cgroups=record_cgroups, confine_self=not no_confine_self,
                          push_command=parse_argv("--push-command", push_command), push_url=push_url,
                          eviction_grace=eviction_grace, online_policy=online_policy, hooks=parse_hooks(hooks),
-                         guard_interval=guard_interval)
+                         guard_interval=guard_interval,
+                         net=net_config(online_nic, offline_nic, offline_gateway, net_netns, not no_ingress_shaping))
     sys.exit(Agent(config, echo=click.echo).run())
+
+
+def net_config(online_nic, offline_nic, gateway, netns, ingress: bool):
+    """The --online-nic/--offline-nic options as a NetConfig (checked before anything is built)."""
+    if online_nic is None:
+        if offline_nic or gateway or netns:
+            raise TidalError("--offline-nic, --offline-gateway and --net-netns need --online-nic")
+        return None
+    from agent.isolation.net.policy import NetConfig
+    from agent.isolation.net.shaper import nic_roles
+
+    online, offline = nic_roles(online_nic, offline_nic, gateway)
+    if gateway and offline is None:
+        raise TidalError("--offline-gateway needs --offline-nic")
+    config = NetConfig(online, offline, netns=netns, ingress=ingress)
+    config.check()
+    return config
 
 
 def parse_argv(option: str, value: Optional[str]):
@@ -370,6 +397,47 @@ def node_reclaim(socket_path: str, notice: str, as_json: bool) -> None:
 def node_status(socket_path: str, as_json: bool) -> None:
     """The node's lending state."""
     _show_node(_client(socket_path).request("GET", "/v1/node"), as_json)
+
+
+@main.group(cls=_Group)
+def net() -> None:
+    """Traffic shaping: online first, offline capped and routed through the offline NIC."""
+
+
+@net.command("status")
+@SOCKET_OPTION
+@click.option("--json", "as_json", is_flag=True)
+def net_status(socket_path: str, as_json: bool) -> None:
+    """Per NIC: the classes, their rates, bytes and drops, and the classifier in use."""
+    from agent.isolation.net.policy import format_rate
+
+    data = _client(socket_path).request("GET", "/v1/net")
+    if as_json:
+        emit_json(data)
+        return
+    if not data.get("enabled"):
+        click.echo("network shaping is off (start the agent with --online-nic NAME:RATE)")
+        return
+    click.echo(f"classifier: {data['classifier_detail']}")
+    if data.get("offline_via"):
+        click.echo(f"offline traffic: mark {data['mark']} -> table {data['table']} -> {data['offline_via']}"
+                   f" (failovers {data['failovers']})")
+    for nic in data["nics"]:
+        click.echo(f"{nic['name']} ({nic['role']}, {format_rate(nic['link_bps'])}, "
+                   f"{'up' if nic['running'] else 'DOWN'})")
+        for direction in ("egress", "ingress"):
+            if direction not in nic:
+                continue
+            side = nic[direction]
+            click.echo(f"  {direction}{' via ' + side['device'] if 'device' in side else ''}: "
+                       f"online peak {format_rate(side['online_peak_bps'])}, offline ceiling "
+                       f"{format_rate(side['offline_ceil_bps'] or 0)}")
+            click.echo(f"    {'class':<8} {'rate':>10} {'ceil':>10} {'bytes':>14} {'packets':>10} {'drops':>7}")
+            for name in ("online", "system", "offline"):
+                c = side["classes"].get(name)
+                if c:
+                    click.echo(f"    {name:<8} {format_rate(c['rate_bps']):>10} {format_rate(c['ceil_bps']):>10} "
+                               f"{c['bytes']:>14} {c['packets']:>10} {c['drops']:>7}")
 
 
 @main.group(cls=_Group)

@@ -82,6 +82,7 @@ class AgentConfig:
     watch_period: float = 10.0  # seconds between checks for emptied workloads
     usage_period: float = 10.0  # seconds between per-workload usage samples (pool aggregates: every period)
     cgroup_options: CgroupOptions = field(default_factory=CgroupOptions)
+    net: Optional[Any] = None  # isolation.net.policy.NetConfig: shape traffic of these NICs
 
 
 def _iso(epoch: float) -> str:
@@ -132,6 +133,7 @@ class Agent:
         self.online_bytes = 0
         self.kill_signal = signal.SIGKILL
         self.pusher = None
+        self.net = None  # NetShaper when config.net is set
         if config.push_command or config.push_url:
             from agent.reporter.push import Pusher
 
@@ -191,6 +193,8 @@ class Agent:
             self.seen_procs[alloc.name] = False
         report = self.reconcile()
         self.store.save(self.state, self.topology)
+        if cfg.net is not None:
+            self._start_net()
         if cfg.confine_self and not cfg.record_cgroups and self._pools().reserved:
             try:
                 self.driver.move(f"{cfg.cgroup_base}/system", os.getpid())
@@ -204,6 +208,23 @@ class Agent:
             f"{len(report.written)} cgroup writes, {len(report.failed)} failures")
         for warning in topo.warnings:
             self.echo(f"tidal agent: warning: {warning}")
+
+    def _start_net(self) -> None:
+        """Traffic shaping (isolation.net) after the cgroups exist: the classifier matches the
+        reclaimed tree's cgroup2 directory, which nft resolves when the rule is loaded."""
+        from agent.isolation.net.shaper import NetShaper
+
+        base, driver = self.config.cgroup_base, self.driver
+        membership = getattr(driver, "membership_dir", lambda path: None)
+        mounts = getattr(driver, "mounts", None)
+        self.net = NetShaper(self.config.net, offline_dir=membership(f"{base}/reclaimed"),
+                             system_dir=membership(f"{base}/system"),
+                             cgroup2_root=mounts.unified if mounts is not None else None,
+                             echo=lambda line: self.echo(f"tidal agent: {line}"))
+        self.net.setup()
+
+    def net_status(self) -> Dict[str, Any]:
+        return self.net.status() if self.net is not None else {"enabled": False}
 
     def _pools(self, state: Optional[State] = None):
         """``pools`` of ``state`` (default: the current one), computed once per state:
@@ -413,6 +434,11 @@ class Agent:
             self._evict_overcommit(now)
             self._advance_lending(epoch)
             self.reconcile()
+        if self.net is not None:
+            try:
+                self.net.adjust()
+            except Exception as exc:  # noqa: BLE001 - shaping trouble must not stop cpu isolation
+                log.error("network shaping: %s", exc)
 
     def _observe(self, sample, now: float, epoch: float) -> None:
         base = self.config.cgroup_base
@@ -776,6 +802,15 @@ class Agent:
             self._server.close()
         if self.pusher is not None:
             self.pusher.close()
+        if self.net is not None:
+            # what Tidal added to the network goes with a clean stop (a crash leaves it, and a restart adopts it)
+            try:
+                removed = self.net.revert()
+                self.echo(f"tidal agent: network shaping removed ({removed['qdiscs']} qdiscs, {removed['ingress']} "
+                          f"ingress redirects, {removed['nft_tables']} nft tables, {removed['rules_routes']} rules/routes)")
+            except Exception as exc:  # noqa: BLE001
+                self.echo(f"tidal agent: warning: removing network shaping: {exc}")
+            self.net = None
         if self.config.revert_on_exit and self.reconciler is not None:
             with self.lock:
                 report = self.reconciler.revert()
