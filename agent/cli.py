@@ -456,6 +456,22 @@ def bench_topology(root: str, repeat: int, as_json: bool) -> None:
     emit_json(run(root, repeat))
 
 
+@bench.command("net-isolation")
+@click.option("--link-mbps", default=200, show_default=True, type=click.IntRange(1, 10000),
+              help="Rate the emulated link is held to.")
+@click.option("--seconds", default=4.0, show_default=True, type=click.FloatRange(1, 600), help="Length of each run.")
+@click.option("--repeats", default=3, show_default=True, type=click.IntRange(1, 100),
+              help="Rounds of (unloaded, none, tidal), interleaved.")
+@click.option("--rr-rate", default=500.0, show_default=True, type=click.FloatRange(1, 20000),
+              help="Online requests per second.")
+@click.option("--json", "as_json", is_flag=True, help="JSON output (always JSON).")
+def bench_net_isolation(link_mbps: int, seconds: float, repeats: int, rr_rate: float, as_json: bool) -> None:
+    """Online latency under an offline flood: no shaping vs Tidal, in namespaces it makes (root)."""
+    from agent.bench.net_isolation import run
+
+    emit_json(run(link_mbps, seconds, repeats, rr_rate))
+
+
 @bench.command("qrm")
 @click.option("--root", default=None, type=click.Path(file_okay=False),
               help="Tree to allocate on (default: a synthetic 2x4x8x4 = 256-cpu node).")

@@ -11,7 +11,8 @@ Run as ``python -m agent.bench.traffic <verb> ...`` inside a network namespace
   ``{"bytes", "seconds", "mbps"}``.
 * ``echo ADDR PORT``: a UDP echo server.
 * ``rr ADDR PORT SECONDS RATE``: UDP request/response at RATE requests/s;
-  prints ``{"sent", "lost", "p50_us", "p99_us", "samples_us"}``.
+  prints ``{"sent", "lost", "p50_us", "p99_us", "samples_us", "forward_us"}``
+  (forward: send to the server's arrival stamp, the shaped direction).
 """
 
 from __future__ import annotations
@@ -67,7 +68,9 @@ def echo(addr: str, port: int) -> None:
     print("ready", flush=True)
     while True:
         data, peer = server.recvfrom(2048)
-        server.sendto(data, peer)
+        # stamp the arrival (CLOCK_MONOTONIC: one clock for both namespaces of a host), so the
+        # client can split the round trip into its two directions
+        server.sendto(data[:8] + time.monotonic_ns().to_bytes(8, "big") + data[16:], peer)
 
 
 def percentile(values: List[float], q: float) -> float:
@@ -82,6 +85,7 @@ def rr(addr: str, port: int, seconds: float, rate: float) -> None:
     client.connect((addr, port))
     client.settimeout(0.5)
     samples: List[float] = []
+    forward: List[float] = []
     lost = sent = 0
     interval = 1.0 / rate
     start = time.monotonic()
@@ -93,7 +97,7 @@ def rr(addr: str, port: int, seconds: float, rate: float) -> None:
         next_at += interval
         payload = sent.to_bytes(8, "big") + b"\0" * 56
         sent += 1
-        t0 = time.perf_counter_ns()
+        t0 = time.monotonic_ns()
         client.send(payload)
         try:
             while True:
@@ -103,10 +107,11 @@ def rr(addr: str, port: int, seconds: float, rate: float) -> None:
         except socket.timeout:
             lost += 1
             continue
-        samples.append((time.perf_counter_ns() - t0) / 1000)
+        samples.append((time.monotonic_ns() - t0) / 1000)
+        forward.append((int.from_bytes(reply[8:16], "big") - t0) / 1000)
     print(json.dumps({"sent": sent, "lost": lost, "p50_us": round(percentile(samples, 0.5), 1),
-                      "p99_us": round(percentile(samples, 0.99), 1), "samples_us": [round(s, 1) for s in samples]}),
-          flush=True)
+                      "p99_us": round(percentile(samples, 0.99), 1), "samples_us": [round(s, 1) for s in samples],
+                      "forward_us": [round(s, 1) for s in forward]}), flush=True)
 
 
 def main(argv: List[str]) -> None:

@@ -47,13 +47,13 @@ def test_config_checks_refuse_what_cannot_work(config, message):
 def test_class_plan_guarantees_add_up_to_the_shaped_rate():
     config = NetConfig(NicRole("a0", 10_000 * MBIT))
     rates = ClassRates.plan(config, 10_000 * MBIT)
-    assert rates.shaped == 9_700 * MBIT
+    assert rates.shaped == 9_800 * MBIT
     assert rates.online + rates.system + rates.offline_floor == rates.shaped
     assert rates.offline_floor == 500 * MBIT
 
 
 @pytest.mark.parametrize("online_peak, want", [
-    (0, 9_500), (3_000 * MBIT, 6_500), (9_700 * MBIT, 500), (20_000 * MBIT, 500),
+    (0, 9_700), (3_000 * MBIT, 6_700), (9_800 * MBIT, 500), (20_000 * MBIT, 500),
 ], ids=["idle", "some", "saturated", "over"])
 def test_offline_ceiling_is_link_less_online_peak_less_margin_never_below_floor(online_peak, want):
     config = NetConfig(NicRole("a0", 10_000 * MBIT))

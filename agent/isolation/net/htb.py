@@ -67,13 +67,17 @@ def build(nl: Netlink, index: int, rates: ClassRates, default_class: int) -> Non
             qdisc = None
     if not is_ours(qdisc):
         tc("replace", "htb", index, QDISC_HANDLE, default=default_class & 0xFFFF)
-    tc("replace-class", "htb", index, CLASS_LINK, parent=QDISC_HANDLE, rate=_bit(rates.shaped), ceil=_bit(rates.shaped))
-    tc("replace-class", "htb", index, CLASS_ONLINE, parent=CLASS_LINK, rate=_bit(rates.online),
-       ceil=_bit(rates.shaped), prio=0)
-    tc("replace-class", "htb", index, CLASS_SYSTEM, parent=CLASS_LINK, rate=_bit(rates.system),
-       ceil=_bit(rates.shaped), prio=1)
-    tc("replace-class", "htb", index, CLASS_OFFLINE, parent=CLASS_LINK, rate=_bit(rates.offline_floor),
-       ceil=_bit(max(rates.offline_ceil, rates.offline_floor)), prio=2)
+    _class(tc, "replace-class", index, CLASS_LINK, QDISC_HANDLE, rates, rates.shaped, rates.shaped, 0)
+    _class(tc, "replace-class", index, CLASS_ONLINE, CLASS_LINK, rates, rates.online, rates.shaped, 0)
+    _class(tc, "replace-class", index, CLASS_SYSTEM, CLASS_LINK, rates, rates.system, rates.shaped, 1)
+    _class(tc, "replace-class", index, CLASS_OFFLINE, CLASS_LINK, rates, rates.offline_floor,
+           max(rates.offline_ceil, rates.offline_floor), 2)
+
+
+def _class(tc, verb: str, index: int, handle: int, parent: int, rates: ClassRates, rate: int, ceil: int,
+           prio: int) -> None:
+    tc(verb, "htb", index, handle, parent=parent, rate=_bit(rate), ceil=_bit(ceil), prio=prio,
+       burst=rates.burst(rate), cburst=rates.burst(ceil))
 
 
 def _default_minor(nl: Netlink, index: int) -> Optional[int]:
@@ -86,8 +90,8 @@ def _default_minor(nl: Netlink, index: int) -> Optional[int]:
 
 def set_offline_ceil(nl: Netlink, index: int, rates: ClassRates, ceil: int) -> None:
     """Re-rate the offline class in place (``change``): queued packets stay queued."""
-    nl.ipr.tc("change-class", "htb", index, CLASS_OFFLINE, parent=CLASS_LINK, rate=_bit(rates.offline_floor),
-              ceil=_bit(max(ceil, rates.offline_floor)), prio=2)
+    _class(nl.ipr.tc, "change-class", index, CLASS_OFFLINE, CLASS_LINK, rates, rates.offline_floor,
+           max(ceil, rates.offline_floor), 2)
 
 
 def read_classes(nl: Netlink, index: int) -> Dict[str, Dict[str, int]]:

@@ -22,7 +22,7 @@ offline NIC. Rates are bits per second throughout.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Dict, Optional
 
 from agent.errors import TidalError
@@ -90,10 +90,11 @@ class NetConfig:
     online: NicRole
     offline: Optional[NicRole] = None
     netns: Optional[str] = None  # a named network namespace (/run/netns/NAME) instead of the agent's own
-    headroom: float = 0.03  # the root class is shaped this much below the link, so the queue stays in HTB
-    margin: float = 0.02  # of the link: kept free above online's recent peak when sizing offline's ceiling
+    headroom: float = 0.02  # the root class is shaped this much below the link, so the queue stays in HTB
+    margin: float = 0.01  # of the link: kept free above online's recent peak when sizing offline's ceiling
     offline_floor: float = 0.05  # of the link: offline's guarantee, whatever online does
     system_share: float = 0.02  # of the link: the system class's guarantee
+    burst_us: int = 300  # HTB bursts: this long at a class's rate (at least two full frames)
     window: float = 5.0  # seconds of online rate samples whose peak sizes the offline ceiling
     ingress: bool = True  # shape incoming traffic too (through an IFB device per NIC)
     mark: int = 0x00110000  # packet mark of offline traffic (within mask)
@@ -133,7 +134,12 @@ class ClassRates:
     system: int
     offline_floor: int
     offline_ceil: int
-    extra: Dict[str, int] = field(default_factory=dict)
+    burst_us: int = 300
+
+    def burst(self, rate: float) -> int:
+        """Bytes a class may send back to back. Too small and the timer cannot keep up with
+        the rate (the class falls short of it); too large and a burst queues in the NIC."""
+        return max(3028, int(rate / 8 * self.burst_us / 1e6))
 
     @classmethod
     def plan(cls, config: NetConfig, link_rate: int) -> "ClassRates":
@@ -141,7 +147,7 @@ class ClassRates:
         floor = max(8_000, int(link_rate * config.offline_floor))
         system = max(8_000, int(link_rate * config.system_share))
         online = max(8_000, shaped - floor - system)
-        return cls(shaped, online, system, floor, shaped)
+        return cls(shaped, online, system, floor, shaped, config.burst_us)
 
     def offline_ceiling(self, config: NetConfig, link_rate: int, online_peak: float) -> int:
         """Shaped rate - online's recent peak - margin, never below the floor."""

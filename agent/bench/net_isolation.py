@@ -1,0 +1,185 @@
+"""``tidal bench net-isolation``: online latency under an offline flood, side by side.
+
+Three network namespaces the benchmark makes (``netlab``): host -> wire ->
+peer, where the wire forwards through a TBF at ``link_mbps`` with a switch-like
+buffer (256 KiB): a link of known rate. The peer runs a UDP echo server (the
+online service) and a TCP sink. From the host:
+
+* ``unloaded``: online request/response alone (64-byte UDP, ``rr_rate``/s);
+* ``none``: the same beside an offline bulk TCP flood, no shaping;
+* ``tidal``: the same with Tidal's shaper on the host NIC (``NetShaper``, the
+  agent's component, re-rated every 0.5 s as the agent's loop does) and the
+  flood started in a cgroup2 cgroup that the classifier counts as offline.
+
+Scenarios take turns, ``repeats`` rounds; latency percentiles are over all
+rounds' samples pooled, throughput is the median round's. offline_share is
+offline throughput over what online left of the link (link - online's own
+traffic). Also per scenario: the p99 of the shaped direction alone
+(``forward_p99_us``, client send to the server's arrival stamp, one clock),
+the share of round trips over 1 ms, and the packets the link's queue dropped. Needs root, nft and nsenter; everything made is removed after.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+import uuid
+from typing import Any, Dict, List, Optional
+
+from agent.bench.netlab import SERVICE, NetLab
+from agent.bench.timing import median, percentile
+from agent.errors import TidalError
+
+MBIT = 1_000_000
+RR_BYTES = 64 + 28 + 14  # payload + IP/UDP + Ethernet, each way
+
+
+def _rr(lab: NetLab, seconds: float, rate: float, cpus) -> Dict[str, Any]:
+    proc = lab.spawn(lab.host, ["rr", SERVICE, "5002", str(seconds), str(rate)], cpus=cpus)
+    out, err = proc.communicate(timeout=seconds + 30)
+    if proc.returncode != 0:
+        raise TidalError(f"bench net-isolation: request/response client failed: {err.strip()[:200]}")
+    return json.loads(out)
+
+
+def _wire_drops(lab: NetLab) -> int:
+    """Packets the emulated link's queue dropped so far (a full switch buffer)."""
+    from pyroute2 import IPRoute
+
+    with IPRoute(netns=lab.wire) as ipr:
+        index = ipr.link_lookup(ifname="w1")[0]
+        for msg in ipr.get_qdiscs(index):
+            if msg.get_attr("TCA_KIND") == "tbf":
+                return msg.get_attr("TCA_STATS2").get_attr("TCA_STATS_QUEUE")["drops"]
+    return 0
+
+
+def _round(lab: NetLab, seconds: float, rate: float, flood_cgroup: Optional[str], plan: Dict[str, Any],
+           shaper=None) -> Dict[str, Any]:
+    drops = _wire_drops(lab)
+    flood = None
+    if flood_cgroup is not False:
+        flood = lab.spawn(lab.host, ["send", SERVICE, "5001", str(seconds + 1.0)],
+                          cgroup_procs=os.path.join(flood_cgroup, "cgroup.procs") if flood_cgroup else None,
+                          cpus=plan["offline"])
+        time.sleep(0.5)  # let TCP fill the link before measuring
+    stop = threading.Event()
+
+    def loop() -> None:
+        while not stop.wait(0.5):
+            shaper.adjust()
+
+    ticker = threading.Thread(target=loop, daemon=True) if shaper else None
+    if ticker:
+        ticker.start()
+    try:
+        result = _rr(lab, seconds, rate, plan["online"])
+    finally:
+        stop.set()
+        if ticker:
+            ticker.join()
+    if flood is not None:
+        out, err = flood.communicate(timeout=seconds + 60)
+        if flood.returncode != 0:
+            raise TidalError(f"bench net-isolation: flood sender failed: {err.strip()[:200]}")
+        result["offline"] = json.loads(out)
+    result["wire_drops"] = _wire_drops(lab) - drops
+    return result
+
+
+def _cpu_plan() -> Dict[str, Any]:
+    """The same cpu placement in every scenario, so that only the network differs: the online
+    client and server on the first cpu; the flood, the sink, the wire's receive threads and the
+    shaper's loop on the others (Tidal's cpu isolation would keep them apart anyway; here they
+    stand for other machines too, which on a 2-cpu host would otherwise steal online's cpu)."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        return {"online": None, "offline": None, "note": "one cpu: no placement"}
+    return {"online": {cpus[0]}, "offline": set(cpus[1:])}
+
+
+def run(link_mbps: int = 200, seconds: float = 4.0, repeats: int = 3, rr_rate: float = 500.0) -> Dict[str, Any]:
+    if os.geteuid() != 0:
+        raise TidalError("bench net-isolation needs root: it makes network namespaces and cgroups")
+    from agent.isolation.cgroups.detect import detect
+    from agent.isolation.net.policy import NetConfig, NicRole
+    from agent.isolation.net.shaper import NetShaper
+    from agent.topology import HostFS
+
+    unified = detect(HostFS("/")).unified
+    if unified is None:
+        raise TidalError("bench net-isolation needs a cgroup2 hierarchy (the classifier matches sockets by it)")
+    group = os.path.join(unified, f"tidal-bench-{uuid.uuid4().hex[:8]}")
+    offline_dir = os.path.join(group, "reclaimed")
+    os.makedirs(offline_dir)
+    link = link_mbps * MBIT
+    samples: Dict[str, List[float]] = {"unloaded": [], "none": [], "tidal": []}
+    forward: Dict[str, List[float]] = {"unloaded": [], "none": [], "tidal": []}
+    drops: Dict[str, int] = {"unloaded": 0, "none": 0, "tidal": 0}
+    offline_mbps: Dict[str, List[float]] = {"none": [], "tidal": []}
+    lost: Dict[str, int] = {"unloaded": 0, "none": 0, "tidal": 0}
+    classifier = None
+    plan = _cpu_plan()
+    mine = os.sched_getaffinity(0)
+    try:
+        if plan["offline"]:
+            os.sched_setaffinity(0, plan["offline"])  # the shaper's loop runs where the agent would: not online's cpu
+        with NetLab(dual=False, wire_rate=link, single_segment=True, threaded_wire=True) as lab:
+            for thread in lab.napi_threads:
+                if plan["offline"]:
+                    os.sched_setaffinity(thread, plan["offline"])
+            lab.server(lab.peer, ["sink", SERVICE, "5001"], cpus=plan["offline"])
+            lab.server(lab.peer, ["echo", SERVICE, "5002"], cpus=plan["online"])
+            for _ in range(repeats):
+                for scenario in ("unloaded", "none", "tidal"):
+                    shaper = None
+                    if scenario == "tidal":
+                        shaper = NetShaper(NetConfig(NicRole("a0", link), netns=lab.host, window=2.0),
+                                           offline_dir=offline_dir, cgroup2_root=unified)
+                        shaper.setup()
+                        classifier = shaper.classifier.describe()
+                        if shaper.classifier.kind == "none":
+                            shaper.revert()
+                            raise TidalError(f"bench net-isolation: no classifier: {shaper.classifier.reason}")
+                    try:
+                        flood = False if scenario == "unloaded" else (offline_dir if shaper else None)
+                        result = _round(lab, seconds, rr_rate, flood, plan, shaper)
+                    finally:
+                        if shaper is not None:
+                            shaper.revert()
+                    samples[scenario].extend(result["samples_us"])
+                    forward[scenario].extend(result["forward_us"])
+                    drops[scenario] += result["wire_drops"]
+                    lost[scenario] += result["lost"]
+                    if scenario != "unloaded":
+                        offline_mbps[scenario].append(result["offline"]["mbps"])
+    finally:
+        os.sched_setaffinity(0, mine)
+        for directory in (offline_dir, group):
+            try:
+                os.rmdir(directory)
+            except OSError:
+                pass
+    online_mbps = rr_rate * RR_BYTES * 8 / MBIT  # each direction
+    unloaded = {"p50_us": round(percentile(samples["unloaded"], 50), 1),
+                "p99_us": round(percentile(samples["unloaded"], 99), 1), "lost": lost["unloaded"],
+                "forward_p99_us": round(percentile(forward["unloaded"], 99), 1)}
+    scenarios = {}
+    for name in ("none", "tidal"):
+        p99 = percentile(samples[name], 99)
+        mbps = median(offline_mbps[name])
+        scenarios[name] = {"p50_us": round(percentile(samples[name], 50), 1), "p99_us": round(p99, 1),
+                           "p99_ratio": round(p99 / unloaded["p99_us"], 3), "lost": lost[name],
+                           "forward_p99_us": round(percentile(forward[name], 99), 1),
+                           "over_1ms": round(sum(s > 1000 for s in samples[name]) / len(samples[name]), 4),
+                           "wire_drops": drops[name],
+                           "offline_mbps": round(mbps, 2),
+                           "offline_share": round(mbps / (link_mbps - online_mbps), 3)}
+    return {"link_mbps": link_mbps, "unloaded": unloaded, "scenarios": scenarios,
+            "targets": {"tidal_p99_ratio_max": 1.5, "tidal_offline_share_min": 0.9},
+            "met": scenarios["tidal"]["p99_ratio"] <= 1.5 and scenarios["tidal"]["offline_share"] >= 0.9,
+            "classifier": classifier,
+            "cpu_plan": {k: sorted(v) if isinstance(v, set) else v for k, v in plan.items()}, "seconds": seconds, "repeats": repeats, "rr_rate": rr_rate,
+            "samples": {k: len(v) for k, v in samples.items()}}
