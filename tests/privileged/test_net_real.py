@@ -221,3 +221,54 @@ def test_a_foreign_root_qdisc_is_refused_not_replaced(lab):
     with pytest.raises(NetError, match="root qdisc .*Tidal did not make"):
         NetShaper(NetConfig(NicRole("a0", 100 * MBIT), netns=lab.host)).setup()
     assert lab.listing() == before
+
+
+def test_tidal_agent_with_nics_serves_net_status_and_cleans_up_on_sigterm(lab, base, tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    before = lab.listing()
+    sock = str(tmp_path / "n.sock")
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    agent = subprocess.Popen(
+        [sys.executable, "-m", "agent.cli", "agent", "--socket", sock, "--state-dir", str(tmp_path / "s"),
+         "--reserved-cpus", "none", "--cgroup-base", base, "--cgroup-parent", "self", "--no-confine-self",
+         "--online-nic", "a0:100mbit", "--offline-nic", "b0:100mbit", "--offline-gateway", "198.18.2.2",
+         "--net-netns", lab.host], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    try:
+        for line in agent.stdout:
+            if "serving" in line:
+                break
+        else:
+            raise AssertionError("agent did not start")
+        status = subprocess.run([sys.executable, "-m", "agent.cli", "net", "status", "--socket", sock, "--json"],
+                                capture_output=True, text=True, check=True)
+        data = json.loads(status.stdout)
+        assert data["enabled"] and [n["name"] for n in data["nics"]] == ["a0", "b0"]
+        assert data["classifier"] in ("nft-cgroupv2", "none")
+        if data["classifier"] != "none":
+            assert data["offline_via"] == "b0"
+        table = subprocess.run([sys.executable, "-m", "agent.cli", "net", "status", "--socket", sock],
+                               capture_output=True, text=True, check=True).stdout
+        assert "a0 (online, 100mbit, up)" in table and "offline" in table
+    finally:
+        agent.send_signal(signal.SIGTERM)
+        out, _ = agent.communicate(timeout=30)
+    assert agent.returncode == 0, out
+    assert "network shaping removed" in out
+    assert lab.listing() == before
+
+
+def test_agent_refuses_to_start_on_a_missing_nic_with_one_line(lab, base, tmp_path):
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", "agent.cli", "agent", "--socket", str(tmp_path / "m.sock"), "--state-dir",
+         str(tmp_path / "s"), "--reserved-cpus", "none", "--cgroup-base", base, "--cgroup-parent", "self",
+         "--no-confine-self", "--online-nic", "eth9:1gbit", "--net-netns", lab.host],
+        capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines()[-1] == f"tidal: error: NIC 'eth9' does not exist in network namespace {lab.host!r}"
