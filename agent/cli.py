@@ -441,6 +441,54 @@ def net_status(socket_path: str, as_json: bool) -> None:
 
 
 @main.group(cls=_Group)
+def cluster() -> None:
+    """The cluster side: simulation (and, with Kubernetes, the extender and the lending controller)."""
+
+
+@cluster.command("simulate")
+@click.option("--nodes", default=1000, show_default=True, type=click.IntRange(1, 100_000))
+@click.option("--cores", default=64, show_default=True, type=click.IntRange(1, 4096), help="Cores per node.")
+@click.option("--hours", default=24.0, show_default=True, type=click.FloatRange(1 / 60, 24 * 14))
+@click.option("--buffer", default=0.2, show_default=True, type=click.FloatRange(0, 10),
+              help="Safety buffer on online's recent peak (the agents' headroom rule).")
+@click.option("--offline-demand", default=0.6, show_default=True, type=click.FloatRange(0, 10),
+              help="Offline work arriving, as a share of the cluster's cores.")
+@click.option("--online-peak", default=0.35, show_default=True, type=click.FloatRange(0.001, 1),
+              help="Online demand at the evening peak, as a share of the cluster's cores.")
+@click.option("--no-lending", is_flag=True, help="Colocate on every node but never lend whole machines.")
+@click.option("--trace", "trace_path", default=None, type=click.Path(dir_okay=False),
+              help="Replay a CSV trace (minute,kind,name,cores,duration_min,tier,node) instead of the synthetic day.")
+@click.option("--seed", default=1, show_default=True, type=int)
+@click.option("--plot", "plot_path", default=None, type=click.Path(dir_okay=False),
+              help="Write a PNG of utilisation over the day for both modes.")
+@click.option("--json", "as_json", is_flag=True, help="JSON output.")
+def cluster_simulate(nodes, cores, hours, buffer, offline_demand, online_peak, no_lending, trace_path, seed,
+                     plot_path, as_json) -> None:
+    """A day of a cluster: separate online/offline pools vs Tidal's colocation and lending."""
+    from cluster import simulate as sim
+
+    config = sim.SimConfig(nodes=nodes, cores=cores, hours=hours, buffer=buffer, seed=seed,
+                           offline_demand_share=offline_demand, online_peak_share=online_peak,
+                           lending=not no_lending)
+    trace = sim.read_trace(trace_path, nodes) if trace_path else None
+    if not as_json:
+        click.echo(f"simulating {nodes} nodes x {cores} cores for {hours:g} h ...", err=True)
+    result = sim.simulate(config, trace)
+    if plot_path:
+        sim.plot(result, plot_path)
+    result.pop("_series")
+    if as_json:
+        emit_json(result)
+        return
+    for mode in ("separate", "tidal"):
+        r = result[mode]
+        click.echo(f"{mode:<9} avg util {r['avg_util'] * 100:5.1f}%  online shortfall "
+                   f"{r['online_shortfall_core_hours']:.3f} core-h  offline {r['offline_core_hours']:.0f} core-h  "
+                   f"evictions {sum(r['evictions_by_tier'].values())}")
+    click.echo(f"gain: {result['gain'] * 100:+.1f} points of utilisation" + (f"; plot: {plot_path}" if plot_path else ""))
+
+
+@main.group(cls=_Group)
 def bench() -> None:
     """Benchmarks (JSON out; comparisons side by side in one run)."""
 
