@@ -1,0 +1,308 @@
+"""The agent on a Kubernetes node: pods in, cgroups and reports out.
+
+* Pod source: the pods bound to this node (``spec.nodeName``), listed then
+  watched from the list's resourceVersion; a relist every ``resync`` seconds
+  and after any error (the API server may go away: the agent keeps enforcing
+  its last state and catches up when it comes back). A pod is admitted once
+  (``pods.pod_request``), released when it ends or is deleted. A pod that
+  cannot be admitted, or whose annotations are malformed, gets an event.
+* Cgroups: each admitted pod's allocation is written to the pod's own cgroups
+  in the kubelet's layout (``KubeletCgroups``), through the agent's driver.
+* Reports: a NodeResourceTopology by server-side apply, and the reclaimed
+  capacity as extended resources in the node's status, on change and every
+  ``resync``.
+* Lending: the node's label ``tidal.io/node-state`` (set by the cluster's
+  lending controller) says Online or Offline; the agent moves through its
+  state machine to follow it, and annotates the state it is in.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from typing import Any, Dict, Optional
+
+from agent.errors import TidalError
+from agent.k8s.pods import RECLAIMED_CPU, RECLAIMED_MEMORY, PodRequest, pod_request
+from agent.reporter.nrt import GROUP, PLURAL, VERSION, build_nrt
+
+log = logging.getLogger("tidal.k8s")
+STATE_LABEL = "tidal.io/node-state"
+CURRENT_ANNOTATION = "tidal.io/node-state-current"
+FIELD_MANAGER = "tidal-agent"
+
+
+class KubeError(TidalError):
+    """The Kubernetes side is missing something the agent needs (a CRD, the node)."""
+
+
+class KubeletCgroups:
+    """Writes allocations into the pods' cgroups where the kubelet made them.
+
+    ``driver``: ``cgroupfs`` (``kubepods/burstable/pod<uid>/<id>``) or ``systemd``
+    (``kubepods.slice/...-pod<uid_>.slice/<runtime>-<id>.scope``), detected from
+    which of ``kubepods`` / ``kubepods.slice`` exists unless given.
+    """
+
+    def __init__(self, cgroups, driver: Optional[str] = None) -> None:
+        self.cgroups = cgroups
+        self.driver = driver or self.detect(cgroups)
+        self.written: Dict[str, Dict[str, str]] = {}
+
+    @staticmethod
+    def detect(cgroups) -> str:
+        if cgroups.exists("kubepods.slice"):
+            return "systemd"
+        return "cgroupfs"
+
+    def apply(self, pod: Dict[str, Any], request: PodRequest, alloc, pools, topology) -> Dict[str, str]:
+        from agent.isolation.cgroups.layout import kubelet_container_path, kubelet_pod_path
+        from agent.qrm.model import QoS
+        from agent.topology.parse import format_cpulist
+
+        if alloc.qos is QoS.DEDICATED:
+            cpus, mems = alloc.cpus, alloc.mems or topology.numa_ids()
+        elif alloc.qos is QoS.RECLAIMED:
+            cpus, mems = pools.reclaimed or pools.shared, topology.numa_ids()
+        else:
+            cpus, mems = tuple(sorted(set(pools.shared) | set(pools.reserved))) if alloc.qos is QoS.SYSTEM \
+                else pools.shared, topology.numa_ids()
+        values = {"cpuset.cpus": format_cpulist(cpus), "cpuset.mems": format_cpulist(
+            n for n in mems if topology.numa_node(n).cpus or True)}
+        paths = [kubelet_pod_path(self.driver, request.qos_class, request.uid)]
+        for status in (pod.get("status") or {}).get("containerStatuses") or []:
+            if status.get("containerID"):
+                paths.append(kubelet_container_path(self.driver, request.qos_class, request.uid,
+                                                    status["containerID"]))
+        # the kubelet makes these cgroups when it starts the pod: until then there is nothing to write
+        paths = [p for p in paths if self.cgroups.exists(p)]
+        for path in paths:
+            if self.written.get(path) == values:
+                continue
+            for knob, value in values.items():
+                self.cgroups.write("cpuset", path, knob, value)
+            if alloc.qos is QoS.RECLAIMED and self.cgroups.features.get("cpu.idle"):
+                self.cgroups.write("cpu", path, "cpu.idle", "1")
+            self.written[path] = dict(values)
+        return {"paths": paths, **values}
+
+    def forget(self, request: PodRequest) -> None:
+        self.written = {p: v for p, v in self.written.items() if f"pod{request.uid}" not in p
+                        and f"pod{request.uid.replace('-', '_')}" not in p}
+
+
+class KubeNodeAgent:
+    def __init__(self, agent, api_client, node_name: str, resync: float = 30.0, report_period: float = 1.0,
+                 notice: str = "60s", kubelet_driver: Optional[str] = None) -> None:
+        from kubernetes import client
+
+        self.agent = agent
+        self.api_client = api_client
+        self.core = client.CoreV1Api(api_client)
+        self.custom = client.CustomObjectsApi(api_client)
+        self.node = node_name
+        self.resync = resync
+        self.report_period = report_period
+        self.notice = notice
+        self.cgroups = KubeletCgroups(agent.driver, kubelet_driver)
+        self.pods: Dict[str, PodRequest] = {}  # uid -> request (admitted)
+        self.pod_docs: Dict[str, Dict[str, Any]] = {}
+        self.refused: Dict[str, str] = {}  # uid -> why (event recorded once)
+        self.lock = threading.RLock()
+        self.stop = threading.Event()
+        self.threads = []
+        self.last_report: Optional[str] = None
+        self.last_report_at = 0.0
+        self.published = 0
+        self.api_errors = 0
+
+    # ---- start ----------------------------------------------------------------------------
+    def check(self) -> None:
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            self.custom.list_cluster_custom_object(GROUP, VERSION, PLURAL, limit=1)
+        except ApiException as exc:
+            if exc.status == 404:
+                raise KubeError(f"the NodeResourceTopology CRD ({PLURAL}.{GROUP}/{VERSION}) is not installed: "
+                                f"kubectl apply -f deploy/crd-noderesourcetopology.yaml") from None
+            raise KubeError(f"cannot reach NodeResourceTopology objects: {exc.status} {exc.reason}") from None
+        try:
+            self.core.read_node(self.node)
+        except ApiException as exc:
+            raise KubeError(f"node {self.node!r}: {exc.status} {exc.reason}") from None
+
+    def start(self) -> None:
+        self.check()
+        for target, name in ((self._watch_pods, "pods"), (self._report_loop, "report")):
+            thread = threading.Thread(target=target, name=f"k8s-{name}-{self.node}", daemon=True)
+            thread.start()
+            self.threads.append(thread)
+
+    def close(self) -> None:
+        self.stop.set()
+        for thread in self.threads:
+            thread.join(timeout=5)
+
+    # ---- pods -----------------------------------------------------------------------------
+    def _watch_pods(self) -> None:
+        from kubernetes import watch
+
+        selector = f"spec.nodeName={self.node}"
+        backoff = 0.5
+        while not self.stop.is_set():
+            try:
+                listing = self.core.list_pod_for_all_namespaces(field_selector=selector)
+                seen = set()
+                for item in listing.items:
+                    pod = self.api_client.sanitize_for_serialization(item)
+                    seen.add(pod["metadata"]["uid"])
+                    self.on_pod(pod)
+                with self.lock:
+                    for uid in [u for u in self.pods if u not in seen]:
+                        self._release(uid)
+                stream = watch.Watch()
+                for event in stream.stream(self.core.list_pod_for_all_namespaces, field_selector=selector,
+                                           resource_version=listing.metadata.resource_version,
+                                           timeout_seconds=max(1, int(self.resync))):
+                    if self.stop.is_set():
+                        stream.stop()
+                        return
+                    pod = self.api_client.sanitize_for_serialization(event["object"])
+                    if event["type"] == "DELETED":
+                        with self.lock:
+                            self._release(pod["metadata"]["uid"])
+                    else:
+                        self.on_pod(pod)
+                backoff = 0.5
+            except Exception as exc:  # noqa: BLE001 - keep enforcing the last state; catch up on return
+                self.api_errors += 1
+                log.warning("pod watch on %s: %s; relisting in %.1fs", self.node, exc, backoff)
+                self.stop.wait(backoff)
+                backoff = min(backoff * 2, 10.0)
+
+    def on_pod(self, pod: Dict[str, Any]) -> None:
+        meta = pod["metadata"]
+        uid = meta["uid"]
+        phase = (pod.get("status") or {}).get("phase")
+        with self.lock:
+            if meta.get("deletionTimestamp") or phase in ("Succeeded", "Failed"):
+                self._release(uid)
+                return
+            self.pod_docs[uid] = pod
+            if uid in self.pods or uid in self.refused:
+                if uid in self.pods:
+                    self._apply_cgroups(uid)
+                return
+            request = pod_request(pod)
+            if request.problem:
+                self._event(pod, "TidalBadAnnotation", request.problem, "Warning")
+            try:
+                self.agent.admit(request.document)
+            except TidalError as exc:
+                self.refused[uid] = str(exc)
+                self._event(pod, "TidalAdmissionFailed", str(exc), "Warning")
+                return
+            self.pods[uid] = request
+            self._apply_cgroups(uid)
+
+    def _apply_cgroups(self, uid: str) -> None:
+        request = self.pods[uid]
+        alloc = self.agent.state.get(request.workload)
+        if alloc is None:
+            return
+        try:
+            self.cgroups.apply(self.pod_docs.get(uid, {}), request, alloc, self.agent._pools(), self.agent.topology)
+        except Exception as exc:  # noqa: BLE001 - a pod cgroup not there yet (kubelet still starting it)
+            log.debug("pod %s cgroups: %s", request.workload, exc)
+
+    def _release(self, uid: str) -> None:
+        self.refused.pop(uid, None)
+        self.pod_docs.pop(uid, None)
+        request = self.pods.pop(uid, None)
+        if request is not None:
+            self.cgroups.forget(request)
+            try:
+                self.agent.release(request.workload)
+            except TidalError:
+                pass
+
+    def _event(self, pod: Dict[str, Any], reason: str, message: str, kind: str = "Normal") -> None:
+        from kubernetes import client
+
+        meta = pod["metadata"]
+        now = client.V1ObjectMeta  # noqa: F841 - keep the import local
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        body = {"metadata": {"generateName": f"{meta['name']}.tidal-", "namespace": meta.get("namespace", "default")},
+                "involvedObject": {"kind": "Pod", "name": meta["name"], "namespace": meta.get("namespace", "default"),
+                                   "uid": meta["uid"], "apiVersion": "v1"},
+                "reason": reason, "message": message[:1000], "type": kind, "source": {"component": "tidal-agent",
+                                                                                     "host": self.node},
+                "firstTimestamp": stamp, "lastTimestamp": stamp, "count": 1}
+        try:
+            self.core.create_namespaced_event(meta.get("namespace", "default"), body)
+        except Exception as exc:  # noqa: BLE001
+            log.warning("event on %s: %s", meta["name"], exc)
+
+    # ---- reports and lending ------------------------------------------------------------------
+    def _report_loop(self) -> None:
+        while not self.stop.wait(self.report_period):
+            try:
+                with self.lock:  # pods whose cgroups the kubelet made since (or whose pools moved)
+                    for uid in list(self.pods):
+                        self._apply_cgroups(uid)
+                self.follow_node_label()
+                self.publish()
+            except Exception as exc:  # noqa: BLE001
+                self.api_errors += 1
+                log.warning("report from %s: %s", self.node, exc)
+
+    def nrt(self, now: Optional[float] = None) -> Dict[str, Any]:
+        agent = self.agent
+        with agent.lock, self.lock:
+            cap = agent.capacity
+            memory = {r.workload: r.memory for r in self.pods.values()}
+            return build_nrt(self.node, agent.topology, agent.state, agent._pools(), memory,
+                             cap.millicpu if cap else 0, cap.memory_bytes if cap else 0,
+                             agent.lending.current.state, self.pods.keys(), now)
+
+    def publish(self, force: bool = False) -> bool:
+        body = self.nrt()
+        key = json.dumps({k: v for k, v in body.items() if k != "attributes"}, sort_keys=True) + json.dumps(
+            [a for a in body["attributes"] if a["name"] != "tidal.io/updated"], sort_keys=True)
+        due = time.monotonic() - self.last_report_at >= self.resync
+        if key == self.last_report and not due and not force:
+            return False
+        self.custom.patch_cluster_custom_object(GROUP, VERSION, PLURAL, self.node, body, field_manager=FIELD_MANAGER,
+                                                force=True, _content_type="application/apply-patch+yaml")
+        reclaimed = {RECLAIMED_CPU: str(_attr(body, "tidal.io/reclaimed-millicpu")),
+                     RECLAIMED_MEMORY: str(_attr(body, "tidal.io/reclaimed-memory"))}
+        self.core.patch_node_status(self.node, {"status": {"capacity": reclaimed, "allocatable": reclaimed}})
+        self.last_report, self.last_report_at = key, time.monotonic()
+        self.published += 1
+        return True
+
+    def follow_node_label(self) -> None:
+        from agent.lending import OFFLINE, ONLINE, TO_OFFLINE, TO_ONLINE
+
+        node = self.core.read_node(self.node)
+        want = (node.metadata.labels or {}).get(STATE_LABEL)
+        current = self.agent.lending.current.state
+        if want == "Offline" and current == ONLINE:
+            self.agent.lend(self.notice)
+        elif want == "Online" and current == OFFLINE:
+            self.agent.take_back(self.notice)
+        elif want == "Online" and current == TO_OFFLINE:
+            self.agent.take_back("0s")  # called off during the notice
+        elif want == "Offline" and current == TO_ONLINE:
+            pass  # let the take-back finish; the next period lends again
+        current = self.agent.lending.current.state
+        annotations = node.metadata.annotations or {}
+        if annotations.get(CURRENT_ANNOTATION) != current:
+            self.core.patch_node(self.node, {"metadata": {"annotations": {CURRENT_ANNOTATION: current}}})
+
+
+def _attr(nrt: Dict[str, Any], name: str) -> str:
+    return next((a["value"] for a in nrt["attributes"] if a["name"] == name), "0")

@@ -1,0 +1,304 @@
+"""A kube-scheduler HTTP extender: NUMA-aware filter and score from the nodes' topology reports.
+
+Verbs (JSON over HTTP, the scheduler's ``extender/v1`` types):
+
+* ``POST /filter``: ``ExtenderArgs`` (``nodeCacheCapable``: ``NodeNames``) ->
+  ``ExtenderFilterResult``. A NUMA-bound dedicated pod passes only nodes whose
+  fresh report has one NUMA zone with its cpu, memory and GPUs; a node with no
+  report, or a report older than ``stale_after``, is unknown and fails for
+  such pods (it is not trusted) while other pods pass it (the scheduler's own
+  fit plugins still check totals). Nodes being lent take no online pods.
+* ``POST /prioritize``: ``HostPriorityList`` with scores 0-10 (pack or spread).
+* ``POST /bind``: binds the pod (``Binding``) and reserves what it takes in
+  the extender's view until that node's report lists the pod (attribute
+  ``tidal.io/pods``), so pods scheduled in a burst do not all see the same
+  free zone.
+
+Reports come from a watch on NodeResourceTopology objects (list, then watch
+from its resourceVersion; relist on 410 Gone or any error, with backoff).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Dict, List, Optional, Tuple
+
+import numpy as np
+
+from agent.k8s.pods import pod_request
+from agent.reporter.nrt import GROUP, PLURAL, VERSION, to_report
+from cluster.placement.model import NodeReport, PlacementError, PodSpec
+from cluster.placement.placer import Placer
+from cluster.placement.view import ClusterView
+
+log = logging.getLogger("tidal.extender")
+MAX_EXTENDER_PRIORITY = 10
+
+
+def pod_spec(pod: Dict[str, Any]) -> Optional[PodSpec]:
+    """The placement spec of a pod (``None``: nothing for this extender to check)."""
+    request = pod_request(pod)
+    doc = request.document
+    level = doc["qos"]
+    if level == "dedicated_cores":
+        return PodSpec("dedicated", doc["cpus"] * 1000, request.memory,
+                       numa_bound=bool(doc.get("numa_binding") or doc.get("numa_exclusive")))
+    if level == "reclaimed_cores":
+        return PodSpec("reclaimed", doc["millicpu"], request.memory)
+    if level == "shared_cores":
+        return PodSpec("shared", doc["millicpu"], request.memory)
+    return None
+
+
+class TopologyCache:
+    """Reports by node name, and a placement view over them rebuilt when the node set changes."""
+
+    def __init__(self, stale_after: float = 120.0, policy: str = "pack") -> None:
+        self.stale_after = stale_after
+        self.policy = policy
+        self.lock = threading.Lock()
+        self.reports: Dict[str, NodeReport] = {}
+        self.view: Optional[ClusterView] = None
+        self.placer: Optional[Placer] = None
+        self.reserved: Dict[str, List[Tuple[PodSpec, float, str]]] = {}  # bound pods the node has not reported yet
+
+    def put(self, report: NodeReport) -> None:
+        with self.lock:
+            known = report.name in self.reports
+            self.reports[report.name] = report
+            # a report that lists the pod has it in its numbers: drop the reservation (and any
+            # reservation older than a report can be stale: the pod never reached the node)
+            admitted = set((report.attributes.get("tidal.io/pods") or "").split(","))
+            now = time.time()
+            self.reserved[report.name] = [(s, t, uid) for s, t, uid in self.reserved.get(report.name, [])
+                                          if uid not in admitted and now - t < self.stale_after]
+            if known and self.view is not None and len(report.zones) <= self.view.zones:
+                self.view.update(report)
+                self._reapply(report.name)
+            else:
+                self.view = None
+
+    def remove(self, name: str) -> None:
+        with self.lock:
+            if self.reports.pop(name, None) is not None:
+                self.view = None
+
+    def _ensure_view(self) -> None:
+        if self.view is None and self.reports:
+            self.view = ClusterView(self.reports.values())
+            self.placer = Placer(self.view, self.policy, sample_percent=100, stale_after=self.stale_after)
+            for name in self.reports:
+                self._reapply(name)
+
+    def _reapply(self, name: str) -> None:
+        for spec, _, _ in self.reserved.get(name, []):
+            self._take_on(name, spec)
+
+    def _take_on(self, name: str, spec: PodSpec) -> None:
+        i = self.view.node(name)
+        fit, zones = self.placer.node_fit(spec, now=time.time())
+        if fit[i] <= 0:
+            return
+        if spec.kind == "reclaimed":
+            self.view.recl_cpu[i] -= spec.millicpu
+            self.view.recl_mem[i] -= spec.memory
+        elif spec.numa_bound:
+            fitting = np.flatnonzero(zones[i] > 0)
+            z = int(fitting[np.argmin(zones[i][fitting])]) if self.policy == "pack" else int(np.argmax(zones[i]))
+            self.view.cpu[i, z] -= spec.millicpu
+            self.view.mem[i, z] -= spec.memory
+        else:
+            z = int(np.argmax(self.view.cpu[i]))
+            self.view.cpu[i, z] -= min(spec.millicpu, int(self.view.cpu[i, z]))
+
+    def reserve(self, name: str, spec: PodSpec, uid: str = "") -> None:
+        with self.lock:
+            self.reserved.setdefault(name, []).append((spec, time.time(), uid))
+            if self.view is not None and name in self.view.index:
+                self._take_on(name, spec)
+
+    # ---- the verbs --------------------------------------------------------------------------
+    def filter(self, pod: Dict[str, Any], names: List[str]) -> Dict[str, Any]:
+        spec = pod_spec(pod)
+        if spec is None:
+            return {"NodeNames": names, "FailedNodes": {}, "Error": ""}
+        with self.lock:
+            self._ensure_view()
+            passed, failed = [], {}
+            known = [n for n in names if self.view is not None and n in self.view.index]
+            ok = {}
+            if known:
+                index = np.fromiter((self.view.index[n] for n in known), dtype=np.int64, count=len(known))
+                fit, _ = self.placer.node_fit(spec, now=time.time())
+                fresh = self.view.fresh(time.time(), self.stale_after)[index]
+                ok = dict(zip(known, zip((fit[index] > 0).tolist(), fresh.tolist())))
+            for name in names:
+                verdict = ok.get(name)
+                if verdict is None or not verdict[1]:
+                    if spec.numa_bound:
+                        failed[name] = ("no topology report" if verdict is None else
+                                        f"topology report older than {self.stale_after:g}s")
+                    else:
+                        passed.append(name)
+                elif verdict[0]:
+                    passed.append(name)
+                else:
+                    failed[name] = _why(spec)
+        return {"NodeNames": passed, "FailedNodes": failed, "Error": ""}
+
+    def prioritize(self, pod: Dict[str, Any], names: List[str]) -> List[Dict[str, Any]]:
+        spec = pod_spec(pod)
+        with self.lock:
+            self._ensure_view()
+            if spec is None or self.view is None:
+                return [{"Host": n, "Score": 0} for n in names]
+            known = [n for n in names if n in self.view.index]
+            scores = {}
+            if known:
+                index = np.fromiter((self.view.index[n] for n in known), dtype=np.int64, count=len(known))
+                values = self.placer.scores(spec, index) * MAX_EXTENDER_PRIORITY // 100
+                scores = dict(zip(known, values.tolist()))
+        return [{"Host": n, "Score": int(scores.get(n, 0))} for n in names]
+
+
+def _why(spec: PodSpec) -> str:
+    if spec.numa_bound:
+        return (f"no NUMA zone with {spec.millicpu // 1000} cpus, {spec.memory >> 20} MiB"
+                + (f", {spec.gpus} GPUs" if spec.gpus else "") + " free (Tidal topology)")
+    if spec.kind == "reclaimed":
+        return "not enough reclaimed capacity, or the node is in a lending transition"
+    return "not enough free cpu/memory for online pods, or the node is lent"
+
+
+class NrtWatcher(threading.Thread):
+    """Feeds a TopologyCache from NodeResourceTopology objects (list + watch, relist on error)."""
+
+    def __init__(self, cache: TopologyCache, api_client, stop: threading.Event) -> None:
+        super().__init__(name="nrt-watch", daemon=True)
+        self.cache, self.stop = cache, stop
+        from kubernetes import client
+
+        self.api = client.CustomObjectsApi(api_client)
+        self.synced = threading.Event()
+
+    def check_crd(self) -> None:
+        """Fail at start, with one line, when the CRD is not installed."""
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            self.api.list_cluster_custom_object(GROUP, VERSION, PLURAL, limit=1)
+        except ApiException as exc:
+            if exc.status == 404:
+                raise PlacementError(f"the NodeResourceTopology CRD ({PLURAL}.{GROUP}/{VERSION}) is not installed: "
+                                     f"kubectl apply -f deploy/crd-noderesourcetopology.yaml") from None
+            raise PlacementError(f"cannot list NodeResourceTopology objects: {exc.status} {exc.reason}") from None
+
+    def _ingest(self, obj: Dict[str, Any]) -> None:
+        try:
+            self.cache.put(to_report(obj))
+        except PlacementError as exc:
+            log.warning("ignoring a report: %s", exc)
+
+    def run(self) -> None:
+        from kubernetes import watch
+
+        backoff = 0.5
+        while not self.stop.is_set():
+            try:
+                listing = self.api.list_cluster_custom_object(GROUP, VERSION, PLURAL)
+                for obj in listing.get("items", []):
+                    self._ingest(obj)
+                self.synced.set()
+                version = listing["metadata"]["resourceVersion"]
+                stream = watch.Watch()
+                for event in stream.stream(self.api.list_cluster_custom_object, GROUP, VERSION, PLURAL,
+                                           resource_version=version, timeout_seconds=60):
+                    if self.stop.is_set():
+                        stream.stop()
+                        break
+                    obj = event["object"]
+                    if event["type"] == "DELETED":
+                        self.cache.remove(obj["metadata"]["name"])
+                    elif event["type"] in ("ADDED", "MODIFIED"):
+                        self._ingest(obj)
+                backoff = 0.5
+            except Exception as exc:  # noqa: BLE001 - the API server may go away; keep serving what we know
+                log.warning("NRT watch: %s; relisting in %.1fs", exc, backoff)
+                self.stop.wait(backoff)
+                backoff = min(backoff * 2, 10.0)
+
+
+def _binder(api_client):
+    from kubernetes import client
+
+    core = client.CoreV1Api(api_client)
+
+    def bind(namespace: str, name: str, uid: str, node: str) -> None:
+        body = client.V1Binding(metadata=client.V1ObjectMeta(name=name, uid=uid),
+                                target=client.V1ObjectReference(kind="Node", name=node, api_version="v1"))
+        # the generated client cannot parse the empty Status the API answers: take it raw
+        core.create_namespaced_binding(namespace, body, _preload_content=False)
+
+    def pod(namespace: str, name: str) -> Dict[str, Any]:
+        return api_client.sanitize_for_serialization(core.read_namespaced_pod(name, namespace))
+
+    return bind, pod
+
+
+def serve(cache: TopologyCache, port: int, host: str = "127.0.0.1", api_client=None) -> ThreadingHTTPServer:
+    bind, read_pod = _binder(api_client) if api_client is not None else (None, None)
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args) -> None:  # quiet: the scheduler calls several times per pod
+            pass
+
+        def _send(self, code: int, body: Any) -> None:
+            data = json.dumps(body).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_POST(self) -> None:
+            try:
+                length = int(self.headers.get("Content-Length") or 0)
+                args = json.loads(self.rfile.read(length) or b"{}")
+            except (ValueError, json.JSONDecodeError) as exc:
+                return self._send(400, {"Error": f"malformed request: {exc}"})
+            try:
+                if self.path.rstrip("/").endswith("/filter"):
+                    return self._send(200, cache.filter(args.get("Pod") or {}, _names(args)))
+                if self.path.rstrip("/").endswith("/prioritize"):
+                    return self._send(200, cache.prioritize(args.get("Pod") or {}, _names(args)))
+                if self.path.rstrip("/").endswith("/bind"):
+                    if bind is None:
+                        return self._send(200, {"Error": "this extender was started without API access"})
+                    namespace, name, node = args.get("PodNamespace"), args.get("PodName"), args.get("Node")
+                    bind(namespace, name, args.get("PodUID"), node)
+                    spec = pod_spec(read_pod(namespace, name))
+                    if spec is not None:
+                        cache.reserve(node, spec, args.get("PodUID") or "")
+                    return self._send(200, {"Error": ""})
+                return self._send(404, {"Error": f"unknown verb {self.path}"})
+            except Exception as exc:  # noqa: BLE001 - answer the scheduler rather than hang it
+                log.exception("extender %s", self.path)
+                return self._send(200, {"Error": str(exc)})
+
+    server = ThreadingHTTPServer((host, port), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, name="extender-http", daemon=True).start()
+    return server
+
+
+def _names(args: Dict[str, Any]) -> List[str]:
+    if args.get("NodeNames") is not None:
+        return list(args["NodeNames"])
+    nodes = (args.get("Nodes") or {}).get("items") or []
+    return [n["metadata"]["name"] for n in nodes]

@@ -1,0 +1,192 @@
+"""The lending controller: whole machines to offline while online's water level is low, and back.
+
+Water level = cpu requested by online pods (everything but reclaimed pods)
+bound to online nodes / the cpu those nodes can allocate. Every period:
+
+* below ``threshold`` (default 90%) and a node can go without the level of
+  the rest rising above it: pick the online node with the fewest online pods,
+  cordon it, evict its online pods through the Eviction API (which honours
+  PodDisruptionBudgets: a refused eviction is retried next period), and once
+  it runs no online pod, label it ``tidal.io/node-state=Offline``; the node's
+  agent then moves through OnlineToOffline (its notice) to Offline;
+* above the threshold, or inside a configured online window (``18:00-23:00``),
+  take a lent node back: label it ``Online`` (its agent goes through
+  OfflineToOnline, giving offline work its notice) and uncordon it.
+
+``dry_run`` prints the actions and changes nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Tuple
+
+from agent.errors import TidalError
+from agent.k8s.pods import RECLAIMED_CPU, pod_request, quantity
+
+log = logging.getLogger("tidal.lending")
+STATE_LABEL = "tidal.io/node-state"
+LENDER_ANNOTATION = "tidal.io/lent-by"
+
+
+class LendingError(TidalError):
+    pass
+
+
+def parse_window(text: str) -> Tuple[int, int]:
+    """``"18:00-23:00"`` -> minutes of the day (start, end); may wrap midnight."""
+    try:
+        start, end = text.split("-")
+        to_min = [int(h) * 60 + int(m) for h, m in (part.strip().split(":") for part in (start, end))]
+    except ValueError:
+        raise LendingError(f"online window {text!r}: expected HH:MM-HH:MM") from None
+    if not all(0 <= v < 24 * 60 for v in to_min):
+        raise LendingError(f"online window {text!r}: times must be within 00:00-23:59")
+    return to_min[0], to_min[1]
+
+
+def in_window(windows: List[Tuple[int, int]], epoch: float) -> bool:
+    tm = time.localtime(epoch)
+    minute = tm.tm_hour * 60 + tm.tm_min
+    for start, end in windows:
+        if (start <= minute < end) if start <= end else (minute >= start or minute < end):
+            return True
+    return False
+
+
+@dataclass
+class Level:
+    requested_millicpu: int
+    allocatable_millicpu: int
+    online_nodes: List[str]
+    lent_nodes: List[str]
+    online_pods: Dict[str, List[Dict[str, Any]]] = field(default_factory=dict)
+
+    @property
+    def value(self) -> float:
+        return self.requested_millicpu / self.allocatable_millicpu if self.allocatable_millicpu else 1.0
+
+
+def _is_online_pod(pod: Dict[str, Any]) -> bool:
+    if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+        return False
+    for ref in (pod.get("metadata") or {}).get("ownerReferences") or []:
+        if ref.get("kind") == "DaemonSet":
+            return False
+    return pod_request(pod).document["qos"] != "reclaimed_cores"
+
+
+def _cpu_request(pod: Dict[str, Any]) -> int:
+    total = 0.0
+    for container in (pod.get("spec") or {}).get("containers") or []:
+        requests = ((container.get("resources") or {}).get("requests") or {})
+        if RECLAIMED_CPU in requests:
+            continue
+        if "cpu" in requests:
+            total += quantity(requests["cpu"])
+    return int(total * 1000)
+
+
+class LendingController:
+    def __init__(self, api_client, threshold: float = 0.9, windows: Optional[List[str]] = None,
+                 dry_run: bool = False, echo=print, name: str = "tidal-lending") -> None:
+        from kubernetes import client
+
+        if not 0 < threshold <= 1:
+            raise LendingError(f"threshold {threshold}: must be in (0, 1]")
+        self.api_client = api_client
+        self.core = client.CoreV1Api(api_client)
+        self.policy = client.PolicyV1Api(api_client)
+        self.threshold = threshold
+        self.windows = [parse_window(w) for w in windows or []]
+        self.dry_run = dry_run
+        self.echo = echo
+        self.name = name
+
+    def observe(self) -> Level:
+        nodes = [self.api_client.sanitize_for_serialization(n) for n in self.core.list_node().items]
+        pods = [self.api_client.sanitize_for_serialization(p) for p in self.core.list_pod_for_all_namespaces().items]
+        online, lent, allocatable = [], [], 0
+        for node in nodes:
+            name = node["metadata"]["name"]
+            state = (node["metadata"].get("labels") or {}).get(STATE_LABEL, "Online")
+            if state == "Offline":
+                lent.append(name)
+                continue
+            online.append(name)
+            allocatable += int(quantity(((node.get("status") or {}).get("allocatable") or {}).get("cpu", "0")) * 1000)
+        by_node: Dict[str, List[Dict[str, Any]]] = {n: [] for n in online}
+        requested = 0
+        for pod in pods:
+            where = (pod.get("spec") or {}).get("nodeName")
+            if where in by_node and _is_online_pod(pod):
+                by_node[where].append(pod)
+                requested += _cpu_request(pod)
+        return Level(requested, allocatable, sorted(online), sorted(lent), by_node)
+
+    def step(self, now: Optional[float] = None) -> List[str]:
+        """One period: returns the actions taken (or, dry, that would be)."""
+        now = time.time() if now is None else now
+        level = self.observe()
+        actions: List[str] = []
+        must_be_online = in_window(self.windows, now)
+        if (level.value > self.threshold or must_be_online) and level.lent_nodes:
+            node = level.lent_nodes[0]
+            actions.append(f"take back {node} (water level {level.value:.0%}"
+                           + (", online window" if must_be_online else "") + ")")
+            if not self.dry_run:
+                self._label(node, "Online", unschedulable=False)
+            return self._say(actions)
+        if must_be_online or level.value >= self.threshold or len(level.online_nodes) <= 1:
+            return self._say(actions)
+        node = min(level.online_nodes, key=lambda n: (len(level.online_pods[n]), n))
+        node_alloc = self._allocatable(node)
+        rest = level.allocatable_millicpu - node_alloc
+        if rest <= 0 or level.requested_millicpu / rest > self.threshold:
+            return self._say(actions)  # lending any node would push the others over the threshold
+        pods = level.online_pods[node]
+        actions.append(f"lend {node}: cordon, evict {len(pods)} online pod(s), then label Offline "
+                       f"(water level {level.value:.0%}, {level.requested_millicpu / rest:.0%} without it)")
+        if not self.dry_run:
+            self._cordon(node)
+            left = [p for p in pods if not self._evict(p)]
+            if not left:
+                self._label(node, "Offline", unschedulable=True)
+            else:
+                actions.append(f"{node}: {len(left)} pod(s) not evicted yet (disruption budget); retrying")
+        return self._say(actions)
+
+    def _say(self, actions: List[str]) -> List[str]:
+        for action in actions:
+            self.echo(("dry run: " if self.dry_run else "") + action)
+        return actions
+
+    def _allocatable(self, node: str) -> int:
+        obj = self.core.read_node(node)
+        return int(quantity((obj.status.allocatable or {}).get("cpu", "0")) * 1000)
+
+    def _cordon(self, node: str) -> None:
+        self.core.patch_node(node, {"spec": {"unschedulable": True},
+                                    "metadata": {"annotations": {LENDER_ANNOTATION: self.name}}})
+
+    def _label(self, node: str, state: str, unschedulable: bool) -> None:
+        self.core.patch_node(node, {"metadata": {"labels": {STATE_LABEL: state}},
+                                    "spec": {"unschedulable": unschedulable}})
+
+    def _evict(self, pod: Dict[str, Any]) -> bool:
+        from kubernetes import client
+        from kubernetes.client.exceptions import ApiException
+
+        meta = pod["metadata"]
+        body = client.V1Eviction(metadata=client.V1ObjectMeta(name=meta["name"], namespace=meta["namespace"]))
+        try:
+            self.core.create_namespaced_pod_eviction(meta["name"], meta["namespace"], body)
+            return True
+        except ApiException as exc:
+            if exc.status == 404:
+                return True
+            if exc.status == 429:  # a PodDisruptionBudget says not now
+                return False
+            raise

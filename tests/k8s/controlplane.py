@@ -1,0 +1,183 @@
+"""A real control plane on loopback: etcd, kube-apiserver and kube-scheduler from ``make k8s-testbin``.
+
+No kubelet: Node objects are registered by hand (with status), pods are bound by
+the real scheduler and stay Pending, which is all the agents and the extender
+need to see. Authentication is one static admin token; serving certificates are
+the API server's own self-signed ones; service-account keys are made with
+openssl. Everything lives in a temporary directory and dies with ``stop()``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from typing import Dict, List, Optional
+
+TOKEN = "tidal-e2e-admin-token"
+DEFAULT_TESTBIN = os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")),
+                               "tidal", "k8s-testbin", "v" + os.environ.get("K8S_VERSION", "1.34.4"))
+
+
+def testbin() -> Optional[str]:
+    path = os.environ.get("TIDAL_K8S_TESTBIN", DEFAULT_TESTBIN)
+    if all(os.access(os.path.join(path, b), os.X_OK) for b in ("etcd", "kube-apiserver", "kube-scheduler")):
+        return path
+    return None
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait(check, what: str, timeout: float = 60.0, proc: Optional[subprocess.Popen] = None, log: str = "") -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"{what} exited ({proc.returncode}); log tail:\n{_tail(log)}")
+        try:
+            if check():
+                return
+        except Exception:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"{what} not ready after {timeout:.0f}s; log tail:\n{_tail(log)}")
+
+
+def _tail(path: str, lines: int = 15) -> str:
+    try:
+        with open(path) as handle:
+            return "".join(handle.readlines()[-lines:])
+    except OSError:
+        return ""
+
+
+class ControlPlane:
+    def __init__(self, bin_dir: str) -> None:
+        self.bin = bin_dir
+        self.dir = tempfile.mkdtemp(prefix="tidal-k8s-")
+        self.procs: Dict[str, subprocess.Popen] = {}
+        self.etcd_port = free_port()
+        self.api_port = free_port()
+        self.url = f"https://127.0.0.1:{self.api_port}"
+
+    def _spawn(self, name: str, argv: List[str]) -> subprocess.Popen:
+        log = open(os.path.join(self.dir, f"{name}.log"), "ab")
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=self.dir)
+        log.close()
+        self.procs[name] = proc
+        return proc
+
+    def start(self) -> "ControlPlane":
+        d = self.dir
+        subprocess.run(["openssl", "genrsa", "-out", f"{d}/sa.key", "2048"], check=True, capture_output=True)
+        subprocess.run(["openssl", "rsa", "-in", f"{d}/sa.key", "-pubout", "-out", f"{d}/sa.pub"], check=True,
+                       capture_output=True)
+        with open(f"{d}/tokens.csv", "w") as handle:
+            handle.write(f"{TOKEN},admin,admin,system:masters\n")
+        etcd = self._spawn("etcd", [
+            f"{self.bin}/etcd", "--data-dir", f"{d}/etcd", "--listen-client-urls", f"http://127.0.0.1:{self.etcd_port}",
+            "--advertise-client-urls", f"http://127.0.0.1:{self.etcd_port}", "--listen-peer-urls",
+            f"http://127.0.0.1:{free_port()}", "--log-level", "warn"])
+        _wait(lambda: socket.create_connection(("127.0.0.1", self.etcd_port), timeout=1).close() or True, "etcd",
+              proc=etcd, log=f"{d}/etcd.log")
+        self.start_apiserver()
+        return self
+
+    def start_apiserver(self) -> None:
+        d = self.dir
+        api = self._spawn("kube-apiserver", [
+            f"{self.bin}/kube-apiserver", f"--etcd-servers=http://127.0.0.1:{self.etcd_port}",
+            f"--secure-port={self.api_port}", "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
+            f"--cert-dir={d}/certs", f"--token-auth-file={d}/tokens.csv", "--authorization-mode=RBAC",
+            "--service-account-issuer=https://kubernetes.default.svc", f"--service-account-key-file={d}/sa.pub",
+            f"--service-account-signing-key-file={d}/sa.key", "--service-cluster-ip-range=10.0.0.0/24",
+            "--disable-admission-plugins=ServiceAccount,TaintNodesByCondition", "--enable-priority-and-fairness=false",
+            "--storage-media-type=application/json", "--v=0"])
+        import urllib.request
+        import ssl
+
+        context = ssl.create_default_context()
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+
+        def healthy() -> bool:
+            request = urllib.request.Request(f"{self.url}/readyz", headers={"Authorization": f"Bearer {TOKEN}"})
+            with urllib.request.urlopen(request, context=context, timeout=2) as response:
+                return response.status == 200
+
+        _wait(healthy, "kube-apiserver", timeout=120, proc=api, log=f"{d}/kube-apiserver.log")
+
+    def stop_apiserver(self) -> None:
+        proc = self.procs.pop("kube-apiserver", None)
+        if proc is not None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+    def kubeconfig(self) -> str:
+        path = f"{self.dir}/kubeconfig"
+        with open(path, "w") as handle:
+            handle.write(f"""apiVersion: v1
+kind: Config
+clusters: [{{name: e2e, cluster: {{server: "{self.url}", insecure-skip-tls-verify: true}}}}]
+users: [{{name: admin, user: {{token: {TOKEN}}}}}]
+contexts: [{{name: e2e, context: {{cluster: e2e, user: admin}}}}]
+current-context: e2e
+""")
+        return path
+
+    def start_scheduler(self, extender_url: str) -> None:
+        d = self.dir
+        with open(f"{d}/scheduler.yaml", "w") as handle:
+            handle.write(f"""apiVersion: kubescheduler.config.k8s.io/v1
+kind: KubeSchedulerConfiguration
+clientConnection:
+  kubeconfig: {self.kubeconfig()}
+leaderElection:
+  leaderElect: false
+extenders:
+  - urlPrefix: "{extender_url}"
+    filterVerb: filter
+    prioritizeVerb: prioritize
+    bindVerb: bind
+    weight: 5
+    enableHTTPS: false
+    nodeCacheCapable: true
+    ignorable: false
+""")
+        proc = self._spawn("kube-scheduler", [f"{self.bin}/kube-scheduler", f"--config={d}/scheduler.yaml",
+                                              f"--secure-port={free_port()}", "--bind-address=127.0.0.1", f"--v={os.environ.get('TIDAL_K8S_V', '1')}"])
+        _wait(lambda: "Attempting to acquire" in _tail(f"{d}/kube-scheduler.log", 200)
+              or "Starting Kubernetes Scheduler" in _tail(f"{d}/kube-scheduler.log", 200), "kube-scheduler",
+              timeout=60, proc=proc, log=f"{d}/kube-scheduler.log")
+
+    def api_client(self):
+        from kubernetes import client
+
+        config = client.Configuration()
+        config.host = self.url
+        config.verify_ssl = False
+        config.api_key = {"authorization": f"Bearer {TOKEN}"}
+        return client.ApiClient(config)
+
+    def stop(self) -> None:
+        for name in ("kube-scheduler", "kube-apiserver", "etcd"):
+            proc = self.procs.pop(name, None)
+            if proc is not None and proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.wait(timeout=20)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+        if not os.environ.get("TIDAL_K8S_KEEP"):
+            shutil.rmtree(self.dir, ignore_errors=True)
