@@ -13,7 +13,7 @@ PYTEST_ARGS ?=
 PREFIX ?= /opt/tidal
 UNIT_DIR ?= /etc/systemd/system
 
-.PHONY: all install deps test run bench clean
+.PHONY: all install deps test run bench clean k8s-testbin
 
 all: test
 
@@ -37,6 +37,11 @@ deps:
 
 test: deps $(STAMP)
 	TMPDIR=$(TEST_TMP) $(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# kube-apiserver, kube-scheduler and etcd built from source for the Kubernetes end-to-end tier
+# (pytest -m k8s), cached outside the repository: the first build takes ~10 minutes, later runs none.
+k8s-testbin:
+	sh scripts/k8s-testbin.sh
 
 run: deps $(STAMP)
 	$(BIN)/tidal agent

@@ -249,7 +249,8 @@ def _binder(api_client):
     return bind, pod
 
 
-def serve(cache: TopologyCache, port: int, host: str = "127.0.0.1", api_client=None) -> ThreadingHTTPServer:
+def serve(cache: TopologyCache, port: int, host: str = "127.0.0.1", api_client=None,
+          record_dir: Optional[str] = None) -> ThreadingHTTPServer:
     bind, read_pod = _binder(api_client) if api_client is not None else (None, None)
 
     class Handler(BaseHTTPRequestHandler):
@@ -269,9 +270,16 @@ def serve(cache: TopologyCache, port: int, host: str = "127.0.0.1", api_client=N
         def do_POST(self) -> None:
             try:
                 length = int(self.headers.get("Content-Length") or 0)
-                args = json.loads(self.rfile.read(length) or b"{}")
+                raw = self.rfile.read(length) or b"{}"
+                args = json.loads(raw)
             except (ValueError, json.JSONDecodeError) as exc:
                 return self._send(400, {"Error": f"malformed request: {exc}"})
+            if record_dir:  # keep the scheduler's bodies (test fixtures are recorded this way)
+                import os
+
+                verb = self.path.rstrip("/").rsplit("/", 1)[-1]
+                with open(os.path.join(record_dir, f"{verb}-{time.time_ns()}.json"), "wb") as handle:
+                    handle.write(raw)
             try:
                 if self.path.rstrip("/").endswith("/filter"):
                     return self._send(200, cache.filter(args.get("Pod") or {}, _names(args)))

@@ -230,10 +230,7 @@ class KubeNodeAgent:
                 pass
 
     def _event(self, pod: Dict[str, Any], reason: str, message: str, kind: str = "Normal") -> None:
-        from kubernetes import client
-
         meta = pod["metadata"]
-        now = client.V1ObjectMeta  # noqa: F841 - keep the import local
         stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         body = {"metadata": {"generateName": f"{meta['name']}.tidal-", "namespace": meta.get("namespace", "default")},
                 "involvedObject": {"kind": "Pod", "name": meta["name"], "namespace": meta.get("namespace", "default"),

@@ -121,7 +121,9 @@ def cluster(plane, api, hwloc_topologies, tmp_path_factory):
     watcher.check_crd()
     watcher.start()
     port = free_port()
-    server = serve(cache, port, api_client=api)
+    import os
+
+    server = serve(cache, port, api_client=api, record_dir=os.environ.get("TIDAL_EXTENDER_RECORD"))
     wait_for(lambda: len(cache.reports) == 3, "three topology reports in the extender")
     plane.start_scheduler(f"http://127.0.0.1:{port}/")
     yield {"agents": agents, "cache": cache, "core": core, "api": api, "topologies": nodes}

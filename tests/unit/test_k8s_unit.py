@@ -1,0 +1,192 @@
+"""The Kubernetes pieces without a cluster: annotations, kubelet cgroup paths, NRT, the extender's verbs."""
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+
+from agent.isolation.cgroups.driver import RecordingCgroups
+from agent.k8s.node import KubeletCgroups
+from agent.k8s.pods import pod_request, qos_class, quantity
+from agent.qrm.policy import allocate, initial_state, pools
+from agent.qrm.requests import parse_request
+from agent.reporter.nrt import build_nrt, to_report
+from cluster.extender import TopologyCache, pod_spec
+
+FIXTURES = Path(__file__).parent.parent / "fixtures" / "extender"
+GIB = 1 << 30
+
+
+def pod(name="p", cpu="2", memory="1Gi", limits=True, annotations=None, extra=None, uid="0f1e-22"):
+    resources = {"requests": {"cpu": cpu, "memory": memory, **(extra or {})}}
+    if limits:
+        resources["limits"] = dict(resources["requests"])
+    return {"metadata": {"name": name, "namespace": "ns", "uid": uid, "annotations": annotations or {}},
+            "spec": {"containers": [{"name": "c", "resources": resources}]}}
+
+
+@pytest.mark.parametrize("text, value", [("500m", 0.5), ("2", 2), ("4Gi", 4 * GIB), ("1.5", 1.5), ("1k", 1000)],
+                         ids=["milli", "whole", "gibi", "fraction", "kilo"])
+def test_quantities(text, value):
+    assert quantity(text) == value
+
+
+@pytest.mark.parametrize("spec, want", [
+    (pod(cpu="4"), {"qos": "dedicated_cores", "cpus": 4}),
+    (pod(cpu="1500m"), {"qos": "shared_cores", "millicpu": 1500}),
+    (pod(cpu="500m", limits=False), {"qos": "shared_cores", "millicpu": 500}),
+    (pod(cpu="4", annotations={"tidal.io/numa-binding": "true"}), {"qos": "dedicated_cores", "cpus": 4,
+                                                                    "numa_binding": True}),
+    (pod(cpu="4", annotations={"katalyst.kubewharf.io/qos_level": "dedicated_cores",
+                               "katalyst.kubewharf.io/memory_enhancement": '{"numa_binding": "true"}'}),
+     {"qos": "dedicated_cores", "cpus": 4, "numa_binding": True}),
+    (pod(cpu="100m", limits=False, extra={"tidal.io/reclaimed-millicpu": "2000"},
+         annotations={"tidal.io/tier": "high"}), {"qos": "reclaimed_cores", "millicpu": 2000, "tier": "high"}),
+    (pod(cpu="4", annotations={"tidal.io/qos-level": "shared_cores"}), {"qos": "shared_cores", "millicpu": 4000}),
+], ids=["guaranteed-whole", "guaranteed-fraction", "burstable", "numa-annotation", "katalyst-aliases",
+        "reclaimed-resource", "level-overrides-default"])
+def test_pod_annotations_and_defaults(spec, want):
+    request = pod_request(spec)
+    assert request.problem is None
+    doc = dict(request.document)
+    assert doc.pop("name") == "ns.p"
+    assert doc == want
+    parse_request(request.document)  # the agent accepts it
+
+
+@pytest.mark.parametrize("annotations, problem", [
+    ({"tidal.io/qos-level": "turbo"}, "unknown level 'turbo'"),
+    ({"tidal.io/numa-binding": "maybe"}, "expected \"true\" or \"false\""),
+    ({"katalyst.kubewharf.io/memory_enhancement": "{numa"}, "not JSON"),
+    ({"tidal.io/tier": "gold"}, "unknown tier 'gold'"),
+], ids=["level", "flag", "katalyst-json", "tier"])
+def test_malformed_annotations_fall_back_to_the_default_with_a_reason(annotations, problem):
+    request = pod_request(pod(cpu="4", annotations=annotations))
+    assert problem in request.problem and "default treatment" in request.problem
+    assert request.document["qos"] == "dedicated_cores"  # Guaranteed with whole cpus: the default
+
+
+def test_qos_class_is_computed_when_the_status_does_not_say():
+    assert qos_class(pod(cpu="1")) == "Guaranteed"
+    assert qos_class(pod(cpu="1", limits=False)) == "Burstable"
+    assert qos_class({"spec": {"containers": [{"name": "c"}]}}) == "BestEffort"
+    assert qos_class({"status": {"qosClass": "Burstable"}, "spec": {}}) == "Burstable"
+
+
+@pytest.mark.parametrize("driver, qos, runtime_id, want_pod, want_container", [
+    ("cgroupfs", "Burstable", "containerd://abc", "kubepods/burstable/pod0f1e-22", "kubepods/burstable/pod0f1e-22/abc"),
+    ("cgroupfs", "Guaranteed", "containerd://abc", "kubepods/pod0f1e-22", "kubepods/pod0f1e-22/abc"),
+    ("systemd", "Burstable", "containerd://abc", "kubepods.slice/kubepods-burstable.slice/"
+     "kubepods-burstable-pod0f1e_22.slice", "kubepods.slice/kubepods-burstable.slice/"
+     "kubepods-burstable-pod0f1e_22.slice/cri-containerd-abc.scope"),
+    ("systemd", "Guaranteed", "cri-o://def", "kubepods.slice/kubepods-pod0f1e_22.slice",
+     "kubepods.slice/kubepods-pod0f1e_22.slice/crio-def.scope"),
+], ids=["cgroupfs-burstable", "cgroupfs-guaranteed", "systemd-containerd", "systemd-crio"])
+def test_allocations_are_written_to_the_kubelet_cgroups(topo_dual_socket_ht, driver, qos, runtime_id, want_pod,
+                                                        want_container):
+    cgroups = RecordingCgroups()
+    cgroups.create("kubepods.slice" if driver == "systemd" else "kubepods")
+    for path in (want_pod, want_container):
+        cgroups.create(path)
+    writer = KubeletCgroups(cgroups)
+    assert writer.driver == driver  # detected from the tree
+    spec = pod(cpu="2" if qos == "Guaranteed" else "500m", limits=qos == "Guaranteed")
+    spec["status"] = {"qosClass": qos, "containerStatuses": [{"name": "c", "containerID": runtime_id}]}
+    request = pod_request(spec)
+    state = initial_state(topo_dual_socket_ht, ())
+    alloc = allocate(topo_dual_socket_ht, state, parse_request(request.document))
+    done = writer.apply(spec, request, alloc, pools(topo_dual_socket_ht, state), topo_dual_socket_ht)
+    assert done["paths"] == [want_pod, want_container]
+    for path in done["paths"]:
+        assert cgroups.files[path][("cpuset", "cpuset.cpus")] == done["cpuset.cpus"]
+
+
+def test_a_pod_cgroup_the_kubelet_has_not_made_yet_is_left_for_later(topo_dual_socket_ht):
+    cgroups = RecordingCgroups()
+    writer = KubeletCgroups(cgroups, "cgroupfs")
+    request = pod_request(pod(cpu="500m", limits=False))
+    state = initial_state(topo_dual_socket_ht, ())
+    alloc = allocate(topo_dual_socket_ht, state, parse_request(request.document))
+    assert writer.apply({}, request, alloc, pools(topo_dual_socket_ht, state), topo_dual_socket_ht)["paths"] == []
+    assert not [op for op in cgroups.ops if op[0] == "write"]
+
+
+def test_nrt_zones_track_dedicated_numa_bound_workloads(topo_dual_socket_ht):
+    topo = topo_dual_socket_ht
+    state = initial_state(topo, ())
+    decision = allocate(topo, state, parse_request({"name": "ns.db", "qos": "dedicated_cores", "cpus": 4,
+                                                    "numa_binding": True}))
+    state = state.with_allocation(decision)
+    report = build_nrt("node-a", topo, state, pools(topo, state), {"ns.db": 8 * GIB}, 3000, GIB, "Online",
+                       ["uid-1"], now=1_800_000_000)
+    zones = {z["name"]: {r["name"]: r for r in z["resources"]} for z in report["zones"]}
+    bound = decision.mems[0]
+    per_zone = len(topo.cpus_in_numa(bound))
+    assert zones[f"node-{bound}"]["cpu"]["available"] == f"{(per_zone - 4) * 1000}m"
+    assert int(zones[f"node-{bound}"]["memory"]["available"]) == int(zones[f"node-{bound}"]["memory"]["capacity"]) \
+        - 8 * GIB
+    assert all(z["type"] == "Node" and z["costs"] for z in report["zones"])
+    back = to_report(json.loads(json.dumps(report)))
+    assert back.reclaimed_millicpu == 3000 and back.updated == 1_800_000_000 and back.state == "Online"
+    assert back.zones[bound].millicpu == (per_zone - 4) * 1000
+    assert back.attributes["tidal.io/pods"] == "uid-1"
+
+
+def recorded(name):
+    return json.loads((FIXTURES / name).read_text())
+
+
+def node_report(name, zone_cpus, updated=None, pods=""):
+    from cluster.placement.model import NodeReport, Zone
+    import time
+
+    return NodeReport(name, [Zone(c * 1000, 40 * GIB) for c in zone_cpus], reclaimed_millicpu=2000,
+                      reclaimed_memory=GIB, updated=updated or time.time(), attributes={"tidal.io/pods": pods})
+
+
+def test_extender_filter_on_a_recorded_scheduler_body():
+    """The body kube-scheduler sent for a 12-cpu NUMA-bound pod (recorded from the e2e tier)."""
+    args = recorded("filter-numa-bound.json")
+    assert args["NodeNames"] == ["n-big", "n-small", "n-mid"]
+    cache = TopologyCache(stale_after=60)
+    cache.put(node_report("n-big", [16, 16]))
+    cache.put(node_report("n-small", [2] * 8))
+    cache.put(node_report("n-mid", [8] * 8))
+    result = cache.filter(args["Pod"], args["NodeNames"])
+    assert result["NodeNames"] == ["n-big"]
+    assert set(result["FailedNodes"]) == {"n-small", "n-mid"}
+    assert "no NUMA zone with 12 cpus" in result["FailedNodes"]["n-small"]
+
+
+def test_extender_treats_missing_and_stale_reports_as_unknown():
+    args = recorded("filter-numa-bound.json")
+    cache = TopologyCache(stale_after=60)
+    cache.put(node_report("n-big", [16, 16], updated=1.0))  # ancient
+    result = cache.filter(args["Pod"], args["NodeNames"])
+    assert result["NodeNames"] == []
+    assert result["FailedNodes"]["n-big"].startswith("topology report older than")
+    assert result["FailedNodes"]["n-small"] == "no topology report"
+    ordinary = copy.deepcopy(args["Pod"])
+    ordinary["metadata"]["annotations"] = {}
+    ordinary["spec"]["containers"][0]["resources"] = {"requests": {"cpu": "500m"}}
+    ordinary.pop("status", None)
+    assert cache.filter(ordinary, args["NodeNames"])["NodeNames"] == args["NodeNames"]  # others are not blocked
+
+
+def test_extender_prioritize_packs_and_reserves_bound_pods_until_reported():
+    args = recorded("filter-numa-bound.json")
+    cache = TopologyCache(stale_after=60)
+    cache.put(node_report("n-big", [16, 16]))
+    cache.put(node_report("n-huge", [32, 32]))
+    scores = {h["Host"]: h["Score"] for h in cache.prioritize(args["Pod"], ["n-big", "n-huge"])}
+    assert 0 <= scores["n-huge"] < scores["n-big"] <= 10  # pack: the tighter node scores higher
+    bind = recorded("bind.json")
+    spec = pod_spec(args["Pod"])
+    cache.reserve(bind["Node"], spec, bind["PodUID"])
+    cache.reserve(bind["Node"], spec, "second-pod")
+    assert cache.filter(args["Pod"], ["n-big"])["NodeNames"] == []  # both zones reserved
+    cache.put(node_report("n-big", [4, 16], pods=bind["PodUID"]))  # the node reports the first pod
+    assert cache.filter(args["Pod"], ["n-big"])["NodeNames"] == []  # the second is still reserved
+    cache.put(node_report("n-big", [4, 4], pods=f"{bind['PodUID']},second-pod"))
+    assert cache.reserved["n-big"] == []
