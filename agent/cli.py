@@ -151,12 +151,19 @@ def parse_reserved(value: Optional[str]):
 @click.option("--net-netns", default=None, metavar="NAME",
               help="Shape NICs of this network namespace (/run/netns/NAME) instead of the agent's own.")
 @click.option("--no-ingress-shaping", is_flag=True, help="Shape outgoing traffic only (no IFB devices).")
+@click.option("--kube-node", default=None, metavar="NAME",
+              help="Run as this Kubernetes node's agent: pods from the API server, NRT reports, lending by label.")
+@click.option("--kubeconfig", default=None, type=click.Path(dir_okay=False),
+              help="With --kube-node: kubeconfig (default: in-cluster service account).")
+@click.option("--kubelet-cgroup-driver", default=None, type=click.Choice(["cgroupfs", "systemd"]),
+              help="With --kube-node: the kubelet's cgroup driver (default: detected).")
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["debug", "info", "warning", "error"]))
 def agent(root: str, socket_path: str, state_dir: str, reserved_cpus, period: float, tcp_port, cgroup_base: str,
           cgroup_parent: str, no_resize: bool, revert: bool, push_command, push_url, eviction_grace: float,
           online_policy: str, hooks, guard_interval: float, no_confine_self: bool, record_cgroups: bool,
-          online_nic, offline_nic, offline_gateway, net_netns, no_ingress_shaping: bool, log_level: str) -> None:
+          online_nic, offline_nic, offline_gateway, net_netns, no_ingress_shaping: bool, kube_node, kubeconfig,
+          kubelet_cgroup_driver, log_level: str) -> None:
     """Run the node agent in the foreground (what `make run` and the systemd unit start)."""
     import logging
 
@@ -171,7 +178,20 @@ def agent(root: str, socket_path: str, state_dir: str, reserved_cpus, period: fl
                          eviction_grace=eviction_grace, online_policy=online_policy, hooks=parse_hooks(hooks),
                          guard_interval=guard_interval,
                          net=net_config(online_nic, offline_nic, offline_gateway, net_netns, not no_ingress_shaping))
-    sys.exit(Agent(config, echo=click.echo).run())
+    agent = Agent(config, echo=click.echo)
+    if kube_node:
+        from agent.k8s.node import KubeNodeAgent
+
+        api = kube_client(kubeconfig)
+        holder = {}
+
+        def on_start():  # once the agent has its state: pods, reports, lending
+            holder["k8s"] = KubeNodeAgent(agent, api, kube_node, kubelet_driver=kubelet_cgroup_driver)
+            holder["k8s"].start()
+            click.echo(f"tidal agent: Kubernetes node {kube_node}: watching its pods, publishing its topology")
+
+        agent.on_started = on_start
+    sys.exit(agent.run())
 
 
 def net_config(online_nic, offline_nic, gateway, netns, ingress: bool):
@@ -445,6 +465,84 @@ def cluster() -> None:
     """The cluster side: simulation (and, with Kubernetes, the extender and the lending controller)."""
 
 
+KUBECONFIG_OPTION = click.option(
+    "--kubeconfig", default=None, type=click.Path(dir_okay=False),
+    help="Kubeconfig to use (default: in-cluster service account, then ~/.kube/config).")
+
+
+def kube_client(kubeconfig: Optional[str]):
+    """An API client: the given kubeconfig, else in-cluster, else the default kubeconfig."""
+    from kubernetes import client, config
+
+    try:
+        if kubeconfig:
+            return config.new_client_from_config(config_file=kubeconfig)
+        try:
+            config.load_incluster_config()
+            return client.ApiClient()
+        except config.ConfigException:
+            return config.new_client_from_config()
+    except Exception as exc:  # noqa: BLE001 - one line, not a traceback
+        raise TidalError(f"cannot configure a Kubernetes client: {exc}") from None
+
+
+@cluster.command("extender")
+@KUBECONFIG_OPTION
+@click.option("--port", default=8890, show_default=True, type=click.IntRange(1, 65535))
+@click.option("--address", default="0.0.0.0", show_default=True)
+@click.option("--policy", default="pack", show_default=True, type=click.Choice(["pack", "spread"]))
+@click.option("--stale-after", default=120.0, show_default=True, type=click.FloatRange(1, 86400),
+              help="Seconds after which a node's topology report is not trusted.")
+def cluster_extender(kubeconfig, port: int, address: str, policy: str, stale_after: float) -> None:
+    """Serve the kube-scheduler extender (filter, prioritize, bind) from the nodes' topology reports."""
+    import signal
+    import threading
+
+    from cluster.extender import NrtWatcher, TopologyCache, serve
+
+    api = kube_client(kubeconfig)
+    stop = threading.Event()
+    cache = TopologyCache(stale_after=stale_after, policy=policy)
+    watcher = NrtWatcher(cache, api, stop)
+    watcher.check_crd()
+    watcher.start()
+    server = serve(cache, port, address, api_client=api)
+    click.echo(f"tidal extender: serving {address}:{port} (filter, prioritize, bind); policy {policy}")
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        while not stop.wait(1.0):
+            pass
+    except KeyboardInterrupt:
+        pass
+    server.shutdown()
+
+
+@cluster.command("lending")
+@KUBECONFIG_OPTION
+@click.option("--threshold", default=0.9, show_default=True, type=click.FloatRange(0.01, 1.0),
+              help="Online water level (requested / allocatable cpu) under which machines are lent.")
+@click.option("--online-window", "windows", multiple=True, metavar="HH:MM-HH:MM",
+              help="A time of day when every lent machine comes back (repeatable).")
+@click.option("--period", default=30.0, show_default=True, type=click.FloatRange(1, 3600))
+@click.option("--once", is_flag=True, help="One step, then exit.")
+@click.option("--dry-run", is_flag=True, help="Print what it would do; change nothing.")
+def cluster_lending(kubeconfig, threshold: float, windows, period: float, once: bool, dry_run: bool) -> None:
+    """Lend whole machines to offline work while online's water level is low; take them back."""
+    import time as _time
+
+    from cluster.lending import LendingController
+
+    controller = LendingController(kube_client(kubeconfig), threshold, list(windows), dry_run, echo=click.echo)
+    while True:
+        level = controller.observe()
+        click.echo(f"water level {level.value:.1%} over {len(level.online_nodes)} online node(s); "
+                   f"{len(level.lent_nodes)} lent")
+        controller.step()
+        if once:
+            return
+        _time.sleep(period)
+
+
 @cluster.command("simulate")
 @click.option("--nodes", default=1000, show_default=True, type=click.IntRange(1, 100_000))
 @click.option("--cores", default=64, show_default=True, type=click.IntRange(1, 4096), help="Cores per node.")
@@ -533,6 +631,17 @@ def bench_placement(nodes: int, pods: int, baseline_pods: int, policy: str, seed
     from cluster.placement.bench import run
 
     emit_json(run(nodes, pods, baseline_pods, policy, seed))
+
+
+@bench.command("extender")
+@click.option("--nodes", default=5000, show_default=True, type=click.IntRange(1, 1_000_000))
+@click.option("--calls", default=300, show_default=True, type=click.IntRange(10, 100_000))
+@click.option("--json", "as_json", is_flag=True, help="JSON output (always JSON).")
+def bench_extender(nodes: int, calls: int, as_json: bool) -> None:
+    """Scheduler-extender filter+prioritize latency per call with N candidate nodes (HTTP, loopback)."""
+    from cluster.extender_bench import run
+
+    emit_json(run(nodes, calls))
 
 
 @bench.command("qrm")

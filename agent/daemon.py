@@ -134,6 +134,7 @@ class Agent:
         self.kill_signal = signal.SIGKILL
         self.pusher = None
         self.net = None  # NetShaper when config.net is set
+        self.on_started: Optional[Callable[[], None]] = None  # e.g. the Kubernetes pod source
         if config.push_command or config.push_url:
             from agent.reporter.push import Pusher
 
@@ -770,6 +771,8 @@ class Agent:
             self.start()
             self.serve()
             self.start_guard()
+            if self.on_started is not None:
+                self.on_started()
             self.echo(f"tidal agent: serving {self.config.socket_path}"
                       + (f" and 127.0.0.1:{self.config.tcp_port}" if self.config.tcp_port else "")
                       + f"; state {self.store.path}; pid {os.getpid()}; stop with SIGTERM or Ctrl-C")

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -37,6 +38,7 @@ from cluster.placement.view import ClusterView
 
 log = logging.getLogger("tidal.extender")
 MAX_EXTENDER_PRIORITY = 10
+_PLAIN = re.compile(r"[A-Za-z0-9._\n-]+\Z")  # node names are DNS subdomains: nothing to escape in JSON
 
 
 def pod_spec(pod: Dict[str, Any]) -> Optional[PodSpec]:
@@ -65,6 +67,7 @@ class TopologyCache:
         self.view: Optional[ClusterView] = None
         self.placer: Optional[Placer] = None
         self.reserved: Dict[str, List[Tuple[PodSpec, float, str]]] = {}  # bound pods the node has not reported yet
+        self._memo: List[Tuple[List[str], np.ndarray, Any]] = []
 
     def put(self, report: NodeReport) -> None:
         with self.lock:
@@ -122,47 +125,65 @@ class TopologyCache:
                 self._take_on(name, spec)
 
     # ---- the verbs --------------------------------------------------------------------------
+    def _indices(self, names: List[str]) -> np.ndarray:
+        """View rows of ``names`` (-1: no report). The scheduler sends the same candidate list
+        call after call, so the last two answers are kept (a list compare is ~20x cheaper
+        than 5,000 dictionary lookups); the memo is dropped whenever the view is rebuilt."""
+        for key, rows, view in self._memo:
+            if view is self.view and key == names:
+                return rows
+        get = self.view.index.get
+        rows = np.array([get(n, -1) for n in names], dtype=np.int64)
+        self._memo = [(list(names), rows, self.view)] + self._memo[:1]
+        return rows
+
     def filter(self, pod: Dict[str, Any], names: List[str]) -> Dict[str, Any]:
         spec = pod_spec(pod)
         if spec is None:
             return {"NodeNames": names, "FailedNodes": {}, "Error": ""}
         with self.lock:
             self._ensure_view()
-            passed, failed = [], {}
-            known = [n for n in names if self.view is not None and n in self.view.index]
-            ok = {}
-            if known:
-                index = np.fromiter((self.view.index[n] for n in known), dtype=np.int64, count=len(known))
+            if self.view is None:
+                known = np.zeros(len(names), dtype=bool)
+                fits = fresh = known
+            else:
+                index = self._indices(names)
+                known = index >= 0
+                rows = np.where(known, index, 0)
                 fit, _ = self.placer.node_fit(spec, now=time.time())
-                fresh = self.view.fresh(time.time(), self.stale_after)[index]
-                ok = dict(zip(known, zip((fit[index] > 0).tolist(), fresh.tolist())))
-            for name in names:
-                verdict = ok.get(name)
-                if verdict is None or not verdict[1]:
-                    if spec.numa_bound:
-                        failed[name] = ("no topology report" if verdict is None else
-                                        f"topology report older than {self.stale_after:g}s")
-                    else:
-                        passed.append(name)
-                elif verdict[0]:
-                    passed.append(name)
-                else:
-                    failed[name] = _why(spec)
-        return {"NodeNames": passed, "FailedNodes": failed, "Error": ""}
+                fits = fit[rows] > 0
+                fresh = self.view.fresh(time.time(), self.stale_after)[rows]
+            trusted = known & fresh
+            ok = trusted & fits if spec.numa_bound else ~trusted | fits  # unknown: only NUMA-bound pods fail
+        array = np.array(names, dtype=object)
+        failed: Dict[str, str] = dict.fromkeys(array[trusted & ~ok].tolist(), _why(spec))
+        if spec.numa_bound:
+            failed.update(dict.fromkeys(array[~known].tolist(), "no topology report"))
+            failed.update(dict.fromkeys(array[known & ~fresh].tolist(),
+                                        f"topology report older than {self.stale_after:g}s"))
+        return {"NodeNames": array[ok].tolist(), "FailedNodes": failed, "Error": ""}
 
-    def prioritize(self, pod: Dict[str, Any], names: List[str]) -> List[Dict[str, Any]]:
+    def _scores(self, pod: Dict[str, Any], names: List[str]) -> List[int]:
         spec = pod_spec(pod)
         with self.lock:
             self._ensure_view()
             if spec is None or self.view is None:
-                return [{"Host": n, "Score": 0} for n in names]
-            known = [n for n in names if n in self.view.index]
-            scores = {}
-            if known:
-                index = np.fromiter((self.view.index[n] for n in known), dtype=np.int64, count=len(known))
-                values = self.placer.scores(spec, index) * MAX_EXTENDER_PRIORITY // 100
-                scores = dict(zip(known, values.tolist()))
-        return [{"Host": n, "Score": int(scores.get(n, 0))} for n in names]
+                return [0] * len(names)
+            index = self._indices(names)
+            known = index >= 0
+            values = self.placer.scores(spec, np.where(known, index, 0)) * MAX_EXTENDER_PRIORITY // 100
+            return np.where(known, values, 0).tolist()
+
+    def prioritize(self, pod: Dict[str, Any], names: List[str]) -> List[Dict[str, Any]]:
+        return [{"Host": n, "Score": v} for n, v in zip(names, self._scores(pod, names))]
+
+    def prioritize_json(self, pod: Dict[str, Any], names: List[str]) -> bytes:
+        """``prioritize`` rendered straight to JSON: 5,000 dicts through json.dumps cost more than the scoring."""
+        scores = self._scores(pod, names)
+        if _PLAIN.match("\n".join(names) or "x"):
+            body = ",".join(f'{{"Host":"{n}","Score":{v}}}' for n, v in zip(names, scores))
+            return f"[{body}]".encode()
+        return json.dumps([{"Host": n, "Score": v} for n, v in zip(names, scores)]).encode()
 
 
 def _why(spec: PodSpec) -> str:
@@ -255,19 +276,23 @@ def serve(cache: TopologyCache, port: int, host: str = "127.0.0.1", api_client=N
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+        disable_nagle_algorithm = True  # headers and body go out as two writes: no 40 ms delayed-ACK stall
 
         def log_message(self, *args) -> None:  # quiet: the scheduler calls several times per pod
             pass
 
         def _send(self, code: int, body: Any) -> None:
-            data = json.dumps(body).encode()
+            data = body if isinstance(body, bytes) else json.dumps(body).encode()
             self.send_response(code)
             self.send_header("Content-Type", "application/json")
+            if getattr(self, "_started", None) is not None:  # time spent in the extender, for operators
+                self.send_header("X-Tidal-Handler-Ms", f"{(time.perf_counter() - self._started) * 1000:.3f}")
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
             self.wfile.write(data)
 
         def do_POST(self) -> None:
+            self._started = time.perf_counter()
             try:
                 length = int(self.headers.get("Content-Length") or 0)
                 raw = self.rfile.read(length) or b"{}"
@@ -284,7 +309,7 @@ def serve(cache: TopologyCache, port: int, host: str = "127.0.0.1", api_client=N
                 if self.path.rstrip("/").endswith("/filter"):
                     return self._send(200, cache.filter(args.get("Pod") or {}, _names(args)))
                 if self.path.rstrip("/").endswith("/prioritize"):
-                    return self._send(200, cache.prioritize(args.get("Pod") or {}, _names(args)))
+                    return self._send(200, cache.prioritize_json(args.get("Pod") or {}, _names(args)))
                 if self.path.rstrip("/").endswith("/bind"):
                     if bind is None:
                         return self._send(200, {"Error": "this extender was started without API access"})

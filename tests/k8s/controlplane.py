@@ -135,25 +135,18 @@ current-context: e2e
 """)
         return path
 
-    def start_scheduler(self, extender_url: str) -> None:
+    def start_scheduler(self, extender_url: str, config: str = "deploy/scheduler-config.yaml") -> None:
+        """kube-scheduler with the project's own configuration, pointed at this test's extender."""
+        import yaml
+
         d = self.dir
+        with open(config) as handle:
+            doc = yaml.safe_load(handle)
+        doc["clientConnection"]["kubeconfig"] = self.kubeconfig()
+        doc["leaderElection"]["leaderElect"] = False
+        doc["extenders"][0]["urlPrefix"] = extender_url
         with open(f"{d}/scheduler.yaml", "w") as handle:
-            handle.write(f"""apiVersion: kubescheduler.config.k8s.io/v1
-kind: KubeSchedulerConfiguration
-clientConnection:
-  kubeconfig: {self.kubeconfig()}
-leaderElection:
-  leaderElect: false
-extenders:
-  - urlPrefix: "{extender_url}"
-    filterVerb: filter
-    prioritizeVerb: prioritize
-    bindVerb: bind
-    weight: 5
-    enableHTTPS: false
-    nodeCacheCapable: true
-    ignorable: false
-""")
+            yaml.safe_dump(doc, handle)
         proc = self._spawn("kube-scheduler", [f"{self.bin}/kube-scheduler", f"--config={d}/scheduler.yaml",
                                               f"--secure-port={free_port()}", "--bind-address=127.0.0.1", f"--v={os.environ.get('TIDAL_K8S_V', '1')}"])
         _wait(lambda: "Attempting to acquire" in _tail(f"{d}/kube-scheduler.log", 200)

@@ -85,10 +85,11 @@ def cluster(plane, api, hwloc_topologies, tmp_path_factory):
     wait_for(lambda: any(c.type == "Established" and c.status == "True" for c in
                          ext.read_custom_resource_definition("noderesourcetopologies.topology.node.k8s.io")
                          .status.conditions or []), "the CRD to be established")
-    with open("deploy/rbac.yaml") as handle:  # the manifests are accepted by a real API server
-        for doc in yaml.safe_load_all(handle):
-            if doc:
-                utils.create_from_dict(api, doc)
+    for manifest in ("rbac.yaml", "agent-daemonset.yaml", "extender.yaml"):  # accepted by a real API server
+        with open(f"deploy/{manifest}") as handle:
+            for doc in yaml.safe_load_all(handle):
+                if doc:
+                    utils.create_from_dict(api, doc)
     core = client.CoreV1Api(api)
     stop = threading.Event()
     agents, nodes = {}, {}
