@@ -31,7 +31,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import numpy as np
 
 from agent.k8s.pods import pod_request
-from agent.reporter.nrt import GROUP, PLURAL, VERSION, to_report
+from agent.reporter.nrt import GROUP, PLURAL, VERSION, check_crd, to_report
 from cluster.placement.model import NodeReport, PlacementError, PodSpec
 from cluster.placement.placer import Placer
 from cluster.placement.view import ClusterView
@@ -156,12 +156,16 @@ class TopologyCache:
             trusted = known & fresh
             ok = trusted & fits if spec.numa_bound else ~trusted | fits  # unknown: only NUMA-bound pods fail
         array = np.array(names, dtype=object)
+        passed = array[ok].tolist()
+        if self.view is not None:  # the scheduler's prioritize call sends exactly these names next
+            with self.lock:
+                self._memo = [(passed, index[ok], self.view)] + self._memo[:1]
         failed: Dict[str, str] = dict.fromkeys(array[trusted & ~ok].tolist(), _why(spec))
         if spec.numa_bound:
             failed.update(dict.fromkeys(array[~known].tolist(), "no topology report"))
             failed.update(dict.fromkeys(array[known & ~fresh].tolist(),
                                         f"topology report older than {self.stale_after:g}s"))
-        return {"NodeNames": array[ok].tolist(), "FailedNodes": failed, "Error": ""}
+        return {"NodeNames": passed, "FailedNodes": failed, "Error": ""}
 
     def _scores(self, pod: Dict[str, Any], names: List[str]) -> List[int]:
         spec = pod_spec(pod)
@@ -178,12 +182,18 @@ class TopologyCache:
         return [{"Host": n, "Score": v} for n, v in zip(names, self._scores(pod, names))]
 
     def prioritize_json(self, pod: Dict[str, Any], names: List[str]) -> bytes:
-        """``prioritize`` rendered straight to JSON: 5,000 dicts through json.dumps cost more than the scoring."""
-        scores = self._scores(pod, names)
-        if _PLAIN.match("\n".join(names) or "x"):
-            body = ",".join(f'{{"Host":"{n}","Score":{v}}}' for n, v in zip(names, scores))
-            return f"[{body}]".encode()
-        return json.dumps([{"Host": n, "Score": v} for n, v in zip(names, scores)]).encode()
+        """``prioritize`` rendered straight to JSON, grouped by score (the list's order carries no
+        meaning): one C-level join per score value instead of 5,000 objects through json.dumps."""
+        scores = np.asarray(self._scores(pod, names), dtype=np.int64)
+        if not _PLAIN.match("\n".join(names) or "x"):
+            return json.dumps([{"Host": n, "Score": int(v)} for n, v in zip(names, scores)]).encode()
+        array = np.array(names, dtype=object)
+        parts = []
+        for value in np.unique(scores).tolist():
+            hosts = array[scores == value].tolist()
+            tail = f'","Score":{value}}}'
+            parts.append('{"Host":"' + (tail + ',{"Host":"').join(hosts) + tail)
+        return ("[" + ",".join(parts) + "]").encode()
 
 
 def _why(spec: PodSpec) -> str:
@@ -208,15 +218,7 @@ class NrtWatcher(threading.Thread):
 
     def check_crd(self) -> None:
         """Fail at start, with one line, when the CRD is not installed."""
-        from kubernetes.client.exceptions import ApiException
-
-        try:
-            self.api.list_cluster_custom_object(GROUP, VERSION, PLURAL, limit=1)
-        except ApiException as exc:
-            if exc.status == 404:
-                raise PlacementError(f"the NodeResourceTopology CRD ({PLURAL}.{GROUP}/{VERSION}) is not installed: "
-                                     f"kubectl apply -f deploy/crd-noderesourcetopology.yaml") from None
-            raise PlacementError(f"cannot list NodeResourceTopology objects: {exc.status} {exc.reason}") from None
+        check_crd(self.api, PlacementError)
 
     def _ingest(self, obj: Dict[str, Any]) -> None:
         try:

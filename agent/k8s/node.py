@@ -26,7 +26,7 @@ from typing import Any, Dict, Optional
 
 from agent.errors import TidalError
 from agent.k8s.pods import RECLAIMED_CPU, RECLAIMED_MEMORY, PodRequest, pod_request
-from agent.reporter.nrt import GROUP, PLURAL, VERSION, build_nrt
+from agent.reporter.nrt import GROUP, PLURAL, VERSION, build_nrt, check_crd
 
 log = logging.getLogger("tidal.k8s")
 STATE_LABEL = "tidal.io/node-state"
@@ -122,13 +122,7 @@ class KubeNodeAgent:
     def check(self) -> None:
         from kubernetes.client.exceptions import ApiException
 
-        try:
-            self.custom.list_cluster_custom_object(GROUP, VERSION, PLURAL, limit=1)
-        except ApiException as exc:
-            if exc.status == 404:
-                raise KubeError(f"the NodeResourceTopology CRD ({PLURAL}.{GROUP}/{VERSION}) is not installed: "
-                                f"kubectl apply -f deploy/crd-noderesourcetopology.yaml") from None
-            raise KubeError(f"cannot reach NodeResourceTopology objects: {exc.status} {exc.reason}") from None
+        check_crd(self.custom, KubeError)
         try:
             self.core.read_node(self.node)
         except ApiException as exc:

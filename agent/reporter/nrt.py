@@ -105,6 +105,19 @@ def build_nrt(node: str, topology, state, pools, pod_memory: Mapping[str, int], 
             "zones": zones, "attributes": attributes}
 
 
+def check_crd(custom_api, error=RuntimeError) -> None:
+    """Raise ``error`` with one line when the NodeResourceTopology CRD is not served."""
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        custom_api.list_cluster_custom_object(GROUP, VERSION, PLURAL, limit=1)
+    except ApiException as exc:
+        if exc.status == 404:
+            raise error(f"the NodeResourceTopology CRD ({PLURAL}.{GROUP}/{VERSION}) is not installed: "
+                        f"kubectl apply -f deploy/crd-noderesourcetopology.yaml") from None
+        raise error(f"cannot list NodeResourceTopology objects: {exc.status} {exc.reason}") from None
+
+
 def _attrs(items: Optional[List[Dict[str, str]]]) -> Dict[str, str]:
     return {a.get("name"): a.get("value") for a in items or []}
 

@@ -28,7 +28,7 @@ each node can take) and then spread over the ranked nodes in one pass.
 from __future__ import annotations
 
 import math
-from typing import Dict, List, Optional, Tuple
+from typing import List, Optional, Tuple
 
 import numpy as np
 
@@ -217,25 +217,19 @@ def _spread(caps: np.ndarray, count: int) -> np.ndarray:
 def _split(zone_fit: np.ndarray, counts: np.ndarray, tight_first: bool) -> np.ndarray:
     """Per node, share its pods over its zones: tightest fitting zone first (or freest)."""
     key = np.where(zone_fit > 0, zone_fit, BIG) if tight_first else -zone_fit
-    order = np.argsort(key, axis=1, kind="stable")
-    caps = np.take_along_axis(zone_fit, order, axis=1)
-    before = np.cumsum(caps, axis=1) - caps
-    taken = np.clip(counts[:, None] - before, 0, caps)
-    out = np.zeros_like(zone_fit)
-    np.put_along_axis(out, order, taken, axis=1)
-    return out
+    return _take_in_order(zone_fit, counts, np.argsort(key, axis=1, kind="stable"))
 
 
 def _drain(free: np.ndarray, amount: np.ndarray) -> np.ndarray:
     """Per node, take ``amount`` from its zones, freest first; returns what each zone gives."""
-    order = np.argsort(-free, axis=1, kind="stable")
-    caps = np.take_along_axis(free, order, axis=1)
-    before = np.cumsum(caps, axis=1) - caps
-    taken = np.clip(amount[:, None] - before, 0, caps)
-    out = np.zeros_like(free)
+    return _take_in_order(free, amount, np.argsort(-free, axis=1, kind="stable"))
+
+
+def _take_in_order(caps: np.ndarray, wanted: np.ndarray, order: np.ndarray) -> np.ndarray:
+    """Row by row, take ``wanted`` from the columns in ``order``, each up to its cap."""
+    ordered = np.take_along_axis(caps, order, axis=1)
+    before = np.cumsum(ordered, axis=1) - ordered
+    taken = np.clip(wanted[:, None] - before, 0, ordered)
+    out = np.zeros_like(caps)
     np.put_along_axis(out, order, taken, axis=1)
     return out
-
-
-def summary(placements: List[Placement]) -> Dict[str, int]:
-    return {"requested": sum(p.requested for p in placements), "placed": sum(p.placed for p in placements)}

@@ -57,6 +57,17 @@ def _tail(path: str, lines: int = 15) -> str:
         return ""
 
 
+def _terminate(proc: Optional[subprocess.Popen]) -> None:
+    if proc is None or proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 class ControlPlane:
     def __init__(self, bin_dir: str) -> None:
         self.bin = bin_dir
@@ -114,14 +125,7 @@ class ControlPlane:
         _wait(healthy, "kube-apiserver", timeout=120, proc=api, log=f"{d}/kube-apiserver.log")
 
     def stop_apiserver(self) -> None:
-        proc = self.procs.pop("kube-apiserver", None)
-        if proc is not None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        _terminate(self.procs.pop("kube-apiserver", None))
 
     def kubeconfig(self) -> str:
         path = f"{self.dir}/kubeconfig"
@@ -164,13 +168,6 @@ current-context: e2e
 
     def stop(self) -> None:
         for name in ("kube-scheduler", "kube-apiserver", "etcd"):
-            proc = self.procs.pop(name, None)
-            if proc is not None and proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(timeout=20)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
+            _terminate(self.procs.pop(name, None))
         if not os.environ.get("TIDAL_K8S_KEEP"):
             shutil.rmtree(self.dir, ignore_errors=True)

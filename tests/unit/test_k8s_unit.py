@@ -190,3 +190,15 @@ def test_extender_prioritize_packs_and_reserves_bound_pods_until_reported():
     assert cache.filter(args["Pod"], ["n-big"])["NodeNames"] == []  # the second is still reserved
     cache.put(node_report("n-big", [4, 4], pods=f"{bind['PodUID']},second-pod"))
     assert cache.reserved["n-big"] == []
+
+
+def test_prioritize_json_says_what_prioritize_says():
+    args = recorded("filter-numa-bound.json")
+    cache = TopologyCache(stale_after=60)
+    for i, cpus in enumerate(([16, 16], [32, 32], [8] * 8, [12, 4])):
+        cache.put(node_report(f"n{i}", cpus))
+    names = ["n0", "n1", "n2", "n3", "unknown"]
+    fast = json.loads(cache.prioritize_json(args["Pod"], names))
+    assert sorted(map(json.dumps, fast)) == sorted(map(json.dumps, cache.prioritize(args["Pod"], names)))
+    odd = ["we\"ird"]  # not a DNS name: falls back to json.dumps, still valid JSON
+    assert json.loads(cache.prioritize_json(args["Pod"], odd)) == [{"Host": "we\"ird", "Score": 0}]
