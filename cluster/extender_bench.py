@@ -81,6 +81,9 @@ def run(nodes: int = 5000, calls: int = 300, seed: int = 1) -> Dict[str, Any]:
 
     pods = _pods(seed)
     samples, passed, server = [], [], []
+    import gc
+
+    gc.freeze()  # the client stands in for kube-scheduler (Go): keep Python's GC out of its side
     try:
         for i in range(calls + 10):
             pod = pods[i % len(pods)]
