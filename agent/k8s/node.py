@@ -62,15 +62,16 @@ class KubeletCgroups:
         from agent.qrm.model import QoS
         from agent.topology.parse import format_cpulist
 
+        every_node = topology.numa_ids()
         if alloc.qos is QoS.DEDICATED:
-            cpus, mems = alloc.cpus, alloc.mems or topology.numa_ids()
+            cpus, mems = alloc.cpus, alloc.mems or every_node
         elif alloc.qos is QoS.RECLAIMED:
-            cpus, mems = pools.reclaimed or pools.shared, topology.numa_ids()
+            cpus, mems = pools.reclaimed or pools.shared, every_node
+        elif alloc.qos is QoS.SYSTEM:
+            cpus, mems = tuple(sorted(set(pools.shared) | set(pools.reserved))), every_node
         else:
-            cpus, mems = tuple(sorted(set(pools.shared) | set(pools.reserved))) if alloc.qos is QoS.SYSTEM \
-                else pools.shared, topology.numa_ids()
-        values = {"cpuset.cpus": format_cpulist(cpus), "cpuset.mems": format_cpulist(
-            n for n in mems if topology.numa_node(n).cpus or True)}
+            cpus, mems = pools.shared, every_node
+        values = {"cpuset.cpus": format_cpulist(cpus), "cpuset.mems": format_cpulist(mems)}
         paths = [kubelet_pod_path(self.driver, request.qos_class, request.uid)]
         for status in (pod.get("status") or {}).get("containerStatuses") or []:
             if status.get("containerID"):
@@ -78,15 +79,28 @@ class KubeletCgroups:
                                                     status["containerID"]))
         # the kubelet makes these cgroups when it starts the pod: until then there is nothing to write
         paths = [p for p in paths if self.cgroups.exists(p)]
-        for path in paths:
-            if self.written.get(path) == values:
-                continue
-            for knob, value in values.items():
-                self.cgroups.write("cpuset", path, knob, value)
-            if alloc.qos is QoS.RECLAIMED and self.cgroups.features.get("cpu.idle"):
-                self.cgroups.write("cpu", path, "cpu.idle", "1")
-            self.written[path] = dict(values)
+        if not paths or all(self.written.get(p) == values for p in paths):
+            return {"paths": paths, **values}
+        from agent.topology.parse import parse_cpulist
+
+        # v1 cpusets nest: a child's cpus must stay inside its parent's at every step. Widen
+        # the pod to old | new, set the containers, then narrow the pod to new.
+        old = self.written.get(paths[0], {})
+        if old and paths[0] == kubelet_pod_path(self.driver, request.qos_class, request.uid):
+            union = {k: format_cpulist(set(parse_cpulist(old[k])) | set(parse_cpulist(v))) for k, v in values.items()}
+            self._write(paths[0], union, alloc)
+        for path in paths[1:] + paths[:1]:
+            self._write(path, values, alloc)
         return {"paths": paths, **values}
+
+    def _write(self, path: str, values: Dict[str, str], alloc) -> None:
+        from agent.qrm.model import QoS
+
+        for knob in ("cpuset.mems", "cpuset.cpus") if "cpuset.mems" in values else values:
+            self.cgroups.write("cpuset", path, knob, values[knob])
+        if alloc.qos is QoS.RECLAIMED and self.cgroups.features.get("cpu.idle"):
+            self.cgroups.write("cpu", path, "cpu.idle", "1")
+        self.written[path] = dict(values)
 
     def forget(self, request: PodRequest) -> None:
         self.written = {p: v for p, v in self.written.items() if f"pod{request.uid}" not in p

@@ -202,3 +202,30 @@ def test_prioritize_json_says_what_prioritize_says():
     assert sorted(map(json.dumps, fast)) == sorted(map(json.dumps, cache.prioritize(args["Pod"], names)))
     odd = ["we\"ird"]  # not a DNS name: falls back to json.dumps, still valid JSON
     assert json.loads(cache.prioritize_json(args["Pod"], odd)) == [{"Host": "we\"ird", "Score": 0}]
+
+
+def test_moving_a_pod_to_other_cpus_keeps_containers_inside_the_pod_at_every_step(topo_dual_socket_ht):
+    from dataclasses import replace
+
+    cgroups = RecordingCgroups()
+    pod_path, container = "kubepods/pod0f1e-22", "kubepods/pod0f1e-22/abc"
+    for path in ("kubepods", pod_path, container):
+        cgroups.create(path)
+    writer = KubeletCgroups(cgroups, "cgroupfs")
+    spec = pod(cpu="2")
+    spec["status"] = {"qosClass": "Guaranteed", "containerStatuses": [{"containerID": "containerd://abc"}]}
+    request = pod_request(spec)
+    state = initial_state(topo_dual_socket_ht, ())
+    alloc = allocate(topo_dual_socket_ht, state, parse_request(request.document))
+    pool = pools(topo_dual_socket_ht, state)
+    writer.apply(spec, request, alloc, pool, topo_dual_socket_ht)
+    first = set(alloc.cpus)
+    moved = replace(alloc, cpus=tuple(c for c in topo_dual_socket_ht.online_cpus() if c not in first)[:2])
+    cgroups.ops.clear()
+    writer.apply(spec, request, moved, pool, topo_dual_socket_ht)
+    cpus_writes = [(op[1], op[4]) for op in cgroups.ops if op[0] == "write" and op[3] == "cpuset.cpus"]
+    from agent.topology.parse import format_cpulist, parse_cpulist
+
+    assert [p for p, _ in cpus_writes] == [pod_path, container, pod_path]  # widen pod, set container, narrow pod
+    assert set(parse_cpulist(cpus_writes[0][1])) == first | set(moved.cpus)
+    assert cpus_writes[2][1] == format_cpulist(moved.cpus)
