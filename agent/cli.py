@@ -636,12 +636,14 @@ def bench_placement(nodes: int, pods: int, baseline_pods: int, policy: str, seed
 @bench.command("extender")
 @click.option("--nodes", default=5000, show_default=True, type=click.IntRange(1, 1_000_000))
 @click.option("--calls", default=300, show_default=True, type=click.IntRange(10, 100_000))
+@click.option("--client", default="auto", show_default=True, type=click.Choice(["auto", "go", "python"]),
+              help="Who calls the extender: a Go client (as kube-scheduler does; needs go) or Python.")
 @click.option("--json", "as_json", is_flag=True, help="JSON output (always JSON).")
-def bench_extender(nodes: int, calls: int, as_json: bool) -> None:
+def bench_extender(nodes: int, calls: int, client: str, as_json: bool) -> None:
     """Scheduler-extender filter+prioritize latency per call with N candidate nodes (HTTP, loopback)."""
     from cluster.extender_bench import run
 
-    emit_json(run(nodes, calls))
+    emit_json(run(nodes, calls, client=client))
 
 
 @bench.command("qrm")

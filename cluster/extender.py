@@ -69,9 +69,12 @@ class TopologyCache:
         self.placer: Optional[Placer] = None
         self.reserved: Dict[str, List[Tuple[PodSpec, float, str]]] = {}  # bound pods the node has not reported yet
         self._memo: Dict[str, Tuple[List[str], np.ndarray, Any]] = {}
+        self.version = 0  # bumped by every change to the view (reports, removals, reservations)
+        self._fit_cache: Optional[Tuple[PodSpec, int, float, np.ndarray]] = None
 
     def put(self, report: NodeReport) -> None:
         with self.lock:
+            self.version += 1
             known = report.name in self.reports
             self.reports[report.name] = report
             # a report that lists the pod has it in its numbers: drop the reservation (and any
@@ -88,6 +91,7 @@ class TopologyCache:
 
     def remove(self, name: str) -> None:
         with self.lock:
+            self.version += 1
             if self.reports.pop(name, None) is not None:
                 self.view = None
 
@@ -124,6 +128,7 @@ class TopologyCache:
 
     def reserve(self, name: str, spec: PodSpec, uid: str = "") -> None:
         with self.lock:
+            self.version += 1
             self.reserved.setdefault(name, []).append((spec, time.time(), uid))
             if self.view is not None and name in self.view.index:
                 self._take_on(name, spec)
@@ -141,10 +146,19 @@ class TopologyCache:
         self._memo["asked"] = (list(names), rows, self.view)
         return rows
 
-    def filter(self, pod: Dict[str, Any], names: List[str]) -> Dict[str, Any]:
-        spec = pod_spec(pod)
-        if spec is None:
-            return {"NodeNames": names, "FailedNodes": {}, "Error": ""}
+    def _fit(self, spec: PodSpec) -> np.ndarray:
+        """Copies of ``spec`` per node, kept for the prioritize call that follows the filter (the view
+        has not moved in between unless a report or a binding came: the version says)."""
+        now = time.time()
+        cached = self._fit_cache
+        if cached and cached[0] == spec and cached[1] == self.version and now - cached[2] < 1.0:
+            return cached[3]
+        fit, _ = self.placer.node_fit(spec, now=now)
+        self._fit_cache = (spec, self.version, now, fit)
+        return fit
+
+    def _verdicts(self, spec: PodSpec, names: List[str]) -> Tuple[List[str], List[Tuple[str, List[str]]]]:
+        """The names that pass, and the ones that fail grouped by reason."""
         with self.lock:
             self._ensure_view()
             if self.view is None:
@@ -154,22 +168,39 @@ class TopologyCache:
                 index = self._indices(names)
                 known = index >= 0
                 rows = np.where(known, index, 0)
-                fit, _ = self.placer.node_fit(spec, now=time.time())
-                fits = fit[rows] > 0
+                fits = self._fit(spec)[rows] > 0
                 fresh = self.view.fresh(time.time(), self.stale_after)[rows]
             trusted = known & fresh
             ok = trusted & fits if spec.numa_bound else ~trusted | fits  # unknown: only NUMA-bound pods fail
-        array = np.array(names, dtype=object)
-        passed = array[ok].tolist()
-        if self.view is not None:  # the scheduler's prioritize call sends exactly these names next
-            with self.lock:
+            array = np.array(names, dtype=object)
+            passed = array[ok].tolist()
+            if self.view is not None:  # the scheduler's prioritize call sends exactly these names next
                 self._memo["answered"] = (passed, index[ok], self.view)
-        failed: Dict[str, str] = dict.fromkeys(array[trusted & ~ok].tolist(), _why(spec))
+        failed = [(_why(spec), array[trusted & ~ok].tolist())]
         if spec.numa_bound:
-            failed.update(dict.fromkeys(array[~known].tolist(), "no topology report"))
-            failed.update(dict.fromkeys(array[known & ~fresh].tolist(),
-                                        f"topology report older than {self.stale_after:g}s"))
-        return {"NodeNames": passed, "FailedNodes": failed, "Error": ""}
+            failed += [("no topology report", array[~known].tolist()),
+                       (f"topology report older than {self.stale_after:g}s", array[known & ~fresh].tolist())]
+        return passed, [(reason, group) for reason, group in failed if group]
+
+    def filter(self, pod: Dict[str, Any], names: List[str]) -> Dict[str, Any]:
+        spec = pod_spec(pod)
+        if spec is None:
+            return {"NodeNames": names, "FailedNodes": {}, "Error": ""}
+        passed, failed = self._verdicts(spec, names)
+        return {"NodeNames": passed, "FailedNodes": {n: r for r, group in failed for n in group}, "Error": ""}
+
+    def filter_json(self, pod: Dict[str, Any], names: List[str]) -> bytes:
+        """``filter`` rendered straight to JSON (C-level joins; DNS names need no escaping)."""
+        spec = pod_spec(pod)
+        if spec is None or not _PLAIN.match("\n".join(names) or "x"):
+            return json.dumps(self.filter(pod, names)).encode()
+        passed, failed = self._verdicts(spec, names)
+        parts = []
+        for reason, group in failed:
+            tail = '":' + json.dumps(reason)
+            parts.append('"' + (tail + ',"').join(group) + tail)
+        listed = ('"' + '","'.join(passed) + '"') if passed else ""
+        return ('{"NodeNames":[' + listed + '],"FailedNodes":{' + ",".join(parts) + '},"Error":""}').encode()
 
     def _scores(self, pod: Dict[str, Any], names: List[str]) -> List[int]:
         spec = pod_spec(pod)
@@ -179,8 +210,8 @@ class TopologyCache:
                 return [0] * len(names)
             index = self._indices(names)
             known = index >= 0
-            values = self.placer.scores(spec, np.where(known, index, 0)) * MAX_EXTENDER_PRIORITY // 100
-            return np.where(known, values, 0).tolist()
+            values = self.placer.scores(spec, np.where(known, index, 0), fit=self._fit(spec))
+            return np.where(known, values * MAX_EXTENDER_PRIORITY // 100, 0).tolist()
 
     def prioritize(self, pod: Dict[str, Any], names: List[str]) -> List[Dict[str, Any]]:
         return [{"Host": n, "Score": v} for n, v in zip(names, self._scores(pod, names))]
@@ -277,7 +308,7 @@ def _binder(api_client):
 
 
 def serve(cache: TopologyCache, port: int, host: str = "127.0.0.1", api_client=None,
-          record_dir: Optional[str] = None) -> ThreadingHTTPServer:
+          record_dir: Optional[str] = None, handler_times: Optional[List[float]] = None) -> ThreadingHTTPServer:
     bind, read_pod = _binder(api_client) if api_client is not None else (None, None)
 
     class Handler(BaseHTTPRequestHandler):
@@ -292,7 +323,10 @@ def serve(cache: TopologyCache, port: int, host: str = "127.0.0.1", api_client=N
             self.send_response(code)
             self.send_header("Content-Type", "application/json")
             if getattr(self, "_started", None) is not None:  # time spent in the extender, for operators
-                self.send_header("X-Tidal-Handler-Ms", f"{(time.perf_counter() - self._started) * 1000:.3f}")
+                spent = (time.perf_counter() - self._started) * 1000
+                self.send_header("X-Tidal-Handler-Ms", f"{spent:.3f}")
+                if handler_times is not None:
+                    handler_times.append(spent)
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
             self.wfile.write(data)
@@ -313,7 +347,7 @@ def serve(cache: TopologyCache, port: int, host: str = "127.0.0.1", api_client=N
                     handle.write(raw)
             try:
                 if self.path.rstrip("/").endswith("/filter"):
-                    return self._send(200, cache.filter(args.get("Pod") or {}, _names(args)))
+                    return self._send(200, cache.filter_json(args.get("Pod") or {}, _names(args)))
                 if self.path.rstrip("/").endswith("/prioritize"):
                     return self._send(200, cache.prioritize_json(args.get("Pod") or {}, _names(args)))
                 if self.path.rstrip("/").endswith("/bind"):

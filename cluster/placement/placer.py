@@ -106,9 +106,10 @@ class Placer:
         fit, _ = self.node_fit(spec)
         return fit > 0 if nodes is None else fit[nodes] > 0
 
-    def scores(self, spec: PodSpec, nodes: np.ndarray) -> np.ndarray:
-        """0-100 per given node index (kube-scheduler's extender range); 0 where it does not fit."""
-        fit, _ = self.node_fit(spec)
+    def scores(self, spec: PodSpec, nodes: np.ndarray, fit: Optional[np.ndarray] = None) -> np.ndarray:
+        """0-100 per given node index; 0 where it does not fit (``fit``: node_fit's, if already known)."""
+        if fit is None:
+            fit, _ = self.node_fit(spec)
         free = self._free(spec, nodes) / max(1, int(self.view.cpu_cap.max()))
         value = (1.0 - free) if self.policy == "pack" else free
         return np.where(fit[nodes] > 0, np.rint(np.clip(value, 0, 1) * 100), 0).astype(np.int64)

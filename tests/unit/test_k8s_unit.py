@@ -229,3 +229,15 @@ def test_moving_a_pod_to_other_cpus_keeps_containers_inside_the_pod_at_every_ste
     assert [p for p, _ in cpus_writes] == [pod_path, container, pod_path]  # widen pod, set container, narrow pod
     assert set(parse_cpulist(cpus_writes[0][1])) == first | set(moved.cpus)
     assert cpus_writes[2][1] == format_cpulist(moved.cpus)
+
+
+def test_filter_json_says_what_filter_says():
+    args = recorded("filter-numa-bound.json")
+    cache = TopologyCache(stale_after=60)
+    cache.put(node_report("n-big", [16, 16]))
+    cache.put(node_report("n-small", [2] * 8))
+    cache.put(node_report("n-old", [16, 16], updated=1.0))
+    names = ["n-big", "n-small", "n-old", "n-none"]
+    assert json.loads(cache.filter_json(args["Pod"], names)) == cache.filter(args["Pod"], names)
+    cache.put(node_report("n-big", [2, 2]))  # a new report: the cached fit must not be reused
+    assert json.loads(cache.filter_json(args["Pod"], ["n-big"]))["NodeNames"] == []

@@ -1,0 +1,3 @@
+module tidal.local/benchclient
+
+go 1.22

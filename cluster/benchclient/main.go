@@ -1,0 +1,100 @@
+// benchclient calls a scheduler extender the way kube-scheduler does (Go's net/http,
+// keep-alive, JSON bodies): one /filter with every candidate node, then one /prioritize
+// with the nodes that passed, per sample. It prints the samples as JSON (milliseconds).
+//
+//	benchclient -url http://127.0.0.1:PORT -args args.json -calls 300 -warmup 10
+//
+// args.json: {"NodeNames": [...], "Pods": [{...}, ...]}; pods are used in turn.
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"time"
+)
+
+type input struct {
+	NodeNames []string                 `json:"NodeNames"`
+	Pods      []map[string]interface{} `json:"Pods"`
+}
+
+type filterResult struct {
+	NodeNames   []string          `json:"NodeNames"`
+	FailedNodes map[string]string `json:"FailedNodes"`
+	Error       string            `json:"Error"`
+}
+
+type hostPriority struct {
+	Host  string `json:"Host"`
+	Score int64  `json:"Score"`
+}
+
+func post(client *http.Client, url string, body interface{}, out interface{}) error {
+	data, err := json.Marshal(body)
+	if err != nil {
+		return err
+	}
+	resp, err := client.Post(url, "application/json", bytes.NewReader(data))
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("%s: HTTP %d: %s", url, resp.StatusCode, raw)
+	}
+	return json.Unmarshal(raw, out)
+}
+
+func main() {
+	url := flag.String("url", "", "extender URL prefix, e.g. http://127.0.0.1:8890")
+	argsPath := flag.String("args", "", "JSON file with NodeNames and Pods")
+	calls := flag.Int("calls", 300, "measured samples")
+	warmup := flag.Int("warmup", 10, "unmeasured samples first")
+	flag.Parse()
+	raw, err := os.ReadFile(*argsPath)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "benchclient:", err)
+		os.Exit(2)
+	}
+	var in input
+	if err := json.Unmarshal(raw, &in); err != nil || len(in.Pods) == 0 {
+		fmt.Fprintln(os.Stderr, "benchclient: bad args file:", err)
+		os.Exit(2)
+	}
+	client := &http.Client{Timeout: 30 * time.Second}
+	samples := make([]float64, 0, *calls)
+	passed := make([]int, 0, *calls)
+	for i := 0; i < *calls+*warmup; i++ {
+		pod := in.Pods[i%len(in.Pods)]
+		start := time.Now()
+		var filtered filterResult
+		if err := post(client, *url+"/filter", map[string]interface{}{"Pod": pod, "Nodes": nil, "NodeNames": in.NodeNames}, &filtered); err != nil {
+			fmt.Fprintln(os.Stderr, "benchclient:", err)
+			os.Exit(1)
+		}
+		var scores []hostPriority
+		if err := post(client, *url+"/prioritize", map[string]interface{}{"Pod": pod, "Nodes": nil, "NodeNames": filtered.NodeNames}, &scores); err != nil {
+			fmt.Fprintln(os.Stderr, "benchclient:", err)
+			os.Exit(1)
+		}
+		if len(scores) != len(filtered.NodeNames) {
+			fmt.Fprintf(os.Stderr, "benchclient: %d scores for %d nodes\n", len(scores), len(filtered.NodeNames))
+			os.Exit(1)
+		}
+		if i >= *warmup {
+			samples = append(samples, float64(time.Since(start).Microseconds())/1000.0)
+			passed = append(passed, len(filtered.NodeNames))
+		}
+	}
+	out, _ := json.Marshal(map[string]interface{}{"samples_ms": samples, "passed": passed})
+	fmt.Println(string(out))
+}
