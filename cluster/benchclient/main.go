@@ -1,6 +1,8 @@
 // benchclient calls a scheduler extender the way kube-scheduler does (Go's net/http,
 // keep-alive, JSON bodies): one /filter with every candidate node, then one /prioritize
-// with the nodes that passed, per sample. It prints the samples as JSON (milliseconds).
+// with the nodes that passed, per sample. It prints per sample (milliseconds) the whole cycle
+// and its HTTP part alone (request written to response read: the extender and the wire),
+// the rest being the client's own JSON encoding and decoding.
 //
 //	benchclient -url http://127.0.0.1:PORT -args args.json -calls 300 -warmup 10
 //
@@ -34,24 +36,27 @@ type hostPriority struct {
 	Score int64  `json:"Score"`
 }
 
-func post(client *http.Client, url string, body interface{}, out interface{}) error {
+// post returns the time between sending the request and having read the whole response.
+func post(client *http.Client, url string, body interface{}, out interface{}) (time.Duration, error) {
 	data, err := json.Marshal(body)
 	if err != nil {
-		return err
+		return 0, err
 	}
+	start := time.Now()
 	resp, err := client.Post(url, "application/json", bytes.NewReader(data))
 	if err != nil {
-		return err
+		return 0, err
 	}
 	defer resp.Body.Close()
 	raw, err := io.ReadAll(resp.Body)
+	wire := time.Since(start)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("%s: HTTP %d: %s", url, resp.StatusCode, raw)
+		return 0, fmt.Errorf("%s: HTTP %d: %s", url, resp.StatusCode, raw)
 	}
-	return json.Unmarshal(raw, out)
+	return wire, json.Unmarshal(raw, out)
 }
 
 func main() {
@@ -72,17 +77,20 @@ func main() {
 	}
 	client := &http.Client{Timeout: 30 * time.Second}
 	samples := make([]float64, 0, *calls)
+	wires := make([]float64, 0, *calls)
 	passed := make([]int, 0, *calls)
 	for i := 0; i < *calls+*warmup; i++ {
 		pod := in.Pods[i%len(in.Pods)]
 		start := time.Now()
 		var filtered filterResult
-		if err := post(client, *url+"/filter", map[string]interface{}{"Pod": pod, "Nodes": nil, "NodeNames": in.NodeNames}, &filtered); err != nil {
+		wire1, err := post(client, *url+"/filter", map[string]interface{}{"Pod": pod, "Nodes": nil, "NodeNames": in.NodeNames}, &filtered)
+		if err != nil {
 			fmt.Fprintln(os.Stderr, "benchclient:", err)
 			os.Exit(1)
 		}
 		var scores []hostPriority
-		if err := post(client, *url+"/prioritize", map[string]interface{}{"Pod": pod, "Nodes": nil, "NodeNames": filtered.NodeNames}, &scores); err != nil {
+		wire2, err := post(client, *url+"/prioritize", map[string]interface{}{"Pod": pod, "Nodes": nil, "NodeNames": filtered.NodeNames}, &scores)
+		if err != nil {
 			fmt.Fprintln(os.Stderr, "benchclient:", err)
 			os.Exit(1)
 		}
@@ -92,9 +100,10 @@ func main() {
 		}
 		if i >= *warmup {
 			samples = append(samples, float64(time.Since(start).Microseconds())/1000.0)
+			wires = append(wires, float64((wire1+wire2).Microseconds())/1000.0)
 			passed = append(passed, len(filtered.NodeNames))
 		}
 	}
-	out, _ := json.Marshal(map[string]interface{}{"samples_ms": samples, "passed": passed})
+	out, _ := json.Marshal(map[string]interface{}{"samples_ms": samples, "http_ms": wires, "passed": passed})
 	fmt.Println(string(out))
 }
