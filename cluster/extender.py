@@ -27,7 +27,7 @@ import re
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -40,6 +40,9 @@ from cluster.placement.view import ClusterView
 log = logging.getLogger("tidal.extender")
 MAX_EXTENDER_PRIORITY = 10
 _PLAIN = re.compile(r"[A-Za-z0-9._\n-]+\Z")  # node names are DNS subdomains: nothing to escape in JSON
+_KEPT = 16  # candidate lists, answers and fits kept per kind (a scheduler cycles through a few pod shapes)
+_PLACEHOLDER_VALUE = "\u0000tidal-known-names"  # no scheduler sends a string as NodeNames
+_PLACEHOLDER = json.dumps(_PLACEHOLDER_VALUE).encode()
 
 
 def pod_spec(pod: Dict[str, Any]) -> Optional[PodSpec]:
@@ -68,9 +71,14 @@ class TopologyCache:
         self.view: Optional[ClusterView] = None
         self.placer: Optional[Placer] = None
         self.reserved: Dict[str, List[Tuple[PodSpec, float, str]]] = {}  # bound pods the node has not reported yet
-        self._memo: Dict[str, Tuple[List[str], np.ndarray, Any]] = {}
+        self._memo: List[_Candidates] = []  # candidate lists seen last, newest first
+        self._segments: List[Tuple[bytes, List[str]]] = []  # their JSON bytes, as the scheduler sends them
+        self._prepared: Optional[Tuple[PodSpec, List[str], int, float, bytes]] = None
+        self._last_passed: Optional[Tuple[PodSpec, _Candidates]] = None  # what the last filter passed
+        self._answers: List[_Answer] = []  # recent filter answers, newest first
+        self._scored: List[Tuple[_Candidates, bytes, bytes]] = []  # recent prioritize answers
         self.version = 0  # bumped by every change to the view (reports, removals, reservations)
-        self._fit_cache: Optional[Tuple[PodSpec, int, float, np.ndarray]] = None
+        self._fits: List[Tuple[PodSpec, int, float, np.ndarray]] = []  # copies per node, by pod shape
 
     def put(self, report: NodeReport) -> None:
         with self.lock:
@@ -134,101 +142,223 @@ class TopologyCache:
                 self._take_on(name, spec)
 
     # ---- the verbs --------------------------------------------------------------------------
-    def _indices(self, names: List[str]) -> np.ndarray:
-        """View rows of ``names`` (-1: no report). The scheduler sends the same candidate list
-        call after call, and then the filter's answer to prioritize, so both are kept (a list
-        compare is ~20x cheaper than 5,000 dictionary lookups); a rebuilt view invalidates them."""
-        for key, rows, view in self._memo.values():
-            if view is self.view and key == names:
-                return rows
+    def read_args(self, raw: bytes) -> Tuple[Dict[str, Any], List[str]]:
+        """``ExtenderArgs``: the pod and the candidate names. The scheduler sends the same candidate
+        list call after call, and then the filter's answer back to prioritize, byte for byte (Go's
+        encoder, DNS names): a list seen before is recognised by its bytes and not decoded again
+        (decoding 5,000 names costs ~0.3 ms, the comparison ~10 us). Only the top-level list is
+        taken this way: the rest is decoded with a placeholder in its place, and any doubt (the
+        placeholder not where the list was) falls back to decoding everything."""
+        at = raw.find(b'"NodeNames":[')
+        if at >= 0:
+            end = raw.find(b"]", at)
+            segment = raw[at + 12:end + 1]
+            with self.lock:
+                names = next((n for seen, n in self._segments if seen == segment), None)
+            if names is not None:
+                args = json.loads(raw[:at + 12] + _PLACEHOLDER + raw[end + 1:])
+                if isinstance(args, dict) and args.get("NodeNames") == _PLACEHOLDER_VALUE:
+                    return args, names
+        args = json.loads(raw)
+        if not isinstance(args, dict):
+            raise ValueError("ExtenderArgs must be a JSON object")
+        names = _names(args)
+        if at >= 0 and args.get("NodeNames") is not None and _PLAIN.match("\n".join(names) or "x"):
+            self._remember_segment(raw[at + 12:raw.find(b"]", at) + 1], names)
+        return args, names
+
+    def _remember_segment(self, segment: bytes, names: List[str]) -> None:
+        with self.lock:
+            if self._segments and self._segments[0][1] is names:
+                return
+            kept = [(s, n) for s, n in self._segments if n is not names]
+            self._segments = [(segment, names)] + kept[:_KEPT - 1]
+
+    def _candidates(self, names: List[str]) -> _Candidates:
+        """The view rows of ``names`` (-1: no report), kept for the next calls: the same list comes
+        back (by identity through ``read_args``, else compared, ~20x cheaper than 5,000 lookups);
+        a rebuilt view invalidates them."""
+        for known in self._memo:
+            if known.view is self.view and (known.names is names or known.names == names):
+                return known
         get = self.view.index.get
-        rows = np.array([get(n, -1) for n in names], dtype=np.int64)
-        self._memo["asked"] = (list(names), rows, self.view)
-        return rows
+        made = _Candidates(names, np.array([get(n, -1) for n in names], dtype=np.int64), self.view)
+        self._memo = [made] + self._memo[:_KEPT - 1]
+        return made
 
     def _fit(self, spec: PodSpec) -> np.ndarray:
         """Copies of ``spec`` per node, kept for the prioritize call that follows the filter (the view
         has not moved in between unless a report or a binding came: the version says)."""
         now = time.time()
-        cached = self._fit_cache
-        if cached and cached[0] == spec and cached[1] == self.version and now - cached[2] < 1.0:
-            return cached[3]
+        for known, version, when, fit in self._fits:
+            if known == spec and version == self.version and now - when < 1.0:
+                return fit
         fit, _ = self.placer.node_fit(spec, now=now)
-        self._fit_cache = (spec, self.version, now, fit)
+        self._fits = [(spec, self.version, now, fit)] + [f for f in self._fits if f[1] == self.version][:_KEPT - 1]
         return fit
 
-    def _verdicts(self, spec: PodSpec, names: List[str]) -> Tuple[List[str], List[Tuple[str, List[str]]]]:
-        """The names that pass, and the ones that fail grouped by reason."""
+    def _verdicts(self, spec: PodSpec, names: List[str]) -> _Answer:
+        """The candidates that pass and the names that fail, grouped by reason. The answer is a
+        function of the candidate list, the reason text and four yes/no facts per node (passes,
+        trusted, reported, fresh): when those are what they were for an earlier call (a binding
+        or a new report usually changes no verdict), that call's answer is used again."""
+        why = _why(spec)
         with self.lock:
             self._ensure_view()
             if self.view is None:
-                known = np.zeros(len(names), dtype=bool)
-                fits = fresh = known
+                asked = _Candidates(names, np.full(len(names), -1, dtype=np.int64), None)
+                known = fits = fresh = np.zeros(len(names), dtype=bool)
             else:
-                index = self._indices(names)
-                known = index >= 0
-                rows = np.where(known, index, 0)
+                asked = self._candidates(names)
+                known = asked.rows >= 0
+                rows = np.where(known, asked.rows, 0)
                 fits = self._fit(spec)[rows] > 0
                 fresh = self.view.fresh(time.time(), self.stale_after)[rows]
             trusted = known & fresh
             ok = trusted & fits if spec.numa_bound else ~trusted | fits  # unknown: only NUMA-bound pods fail
-            array = np.array(names, dtype=object)
-            passed = array[ok].tolist()
-            if self.view is not None:  # the scheduler's prioritize call sends exactly these names next
-                self._memo["answered"] = (passed, index[ok], self.view)
-        failed = [(_why(spec), array[trusted & ~ok].tolist())]
-        if spec.numa_bound:
-            failed += [("no topology report", array[~known].tolist()),
-                       (f"topology report older than {self.stale_after:g}s", array[known & ~fresh].tolist())]
-        return passed, [(reason, group) for reason, group in failed if group]
+            code = (ok.astype(np.uint8) | trusted.astype(np.uint8) << 1 | known.astype(np.uint8) << 2
+                    | fresh.astype(np.uint8) << 3).tobytes()
+            answer = next((a for a in self._answers if a.asked is asked and a.why == why
+                           and a.numa_bound == spec.numa_bound and a.code == code), None)
+            if answer is None:
+                array = asked.array
+                passed = _Candidates(array[ok].tolist(), asked.rows[ok], asked.view)
+                failed = [(why, array[trusted & ~ok].tolist())]
+                if spec.numa_bound:
+                    failed += [("no topology report", array[~known].tolist()),
+                               (f"topology report older than {self.stale_after:g}s", array[known & ~fresh].tolist())]
+                answer = _Answer(asked, why, spec.numa_bound, code, passed,
+                                 [(reason, group) for reason, group in failed if group])
+                if asked.view is not None:
+                    self._answers = [answer] + self._answers[:_KEPT - 1]
+            if asked.view is not None:  # the scheduler's prioritize call sends exactly these names next
+                self._memo = [answer.passed] + [m for m in self._memo if m is not answer.passed][:_KEPT - 1]
+            self._last_passed = (spec, answer.passed)
+        return answer
 
     def filter(self, pod: Dict[str, Any], names: List[str]) -> Dict[str, Any]:
         spec = pod_spec(pod)
         if spec is None:
             return {"NodeNames": names, "FailedNodes": {}, "Error": ""}
-        passed, failed = self._verdicts(spec, names)
-        return {"NodeNames": passed, "FailedNodes": {n: r for r, group in failed for n in group}, "Error": ""}
+        answer = self._verdicts(spec, names)
+        return {"NodeNames": answer.passed.names,
+                "FailedNodes": {n: r for r, group in answer.failed for n in group}, "Error": ""}
 
     def filter_json(self, pod: Dict[str, Any], names: List[str]) -> bytes:
-        """``filter`` rendered straight to JSON (C-level joins; DNS names need no escaping)."""
+        """``filter`` rendered straight to JSON (C-level joins; DNS names need no escaping). The
+        answer's name list is remembered by its bytes: it is what prioritize receives next."""
         spec = pod_spec(pod)
-        if spec is None or not _PLAIN.match("\n".join(names) or "x"):
+        if spec is None or not self._plain(names):
             return json.dumps(self.filter(pod, names)).encode()
-        passed, failed = self._verdicts(spec, names)
-        parts = []
-        for reason, group in failed:
-            tail = '":' + json.dumps(reason)
-            parts.append('"' + (tail + ',"').join(group) + tail)
-        listed = ('"' + '","'.join(passed) + '"') if passed else ""
-        return ('{"NodeNames":[' + listed + '],"FailedNodes":{' + ",".join(parts) + '},"Error":""}').encode()
+        answer = self._verdicts(spec, names)
+        if answer.body is None:
+            parts = []
+            for reason, group in answer.failed:
+                tail = '":' + json.dumps(reason)
+                parts.append('"' + (tail + ',"').join(group) + tail)
+            passed = answer.passed.names
+            answer.listed = ("[\"" + '","'.join(passed) + "\"]").encode() if passed else b"[]"
+            answer.body = (b'{"NodeNames":' + answer.listed + b',"FailedNodes":{' + ",".join(parts).encode()
+                           + b'},"Error":""}')
+        self._remember_segment(answer.listed, answer.passed.names)
+        return answer.body
 
-    def _scores(self, pod: Dict[str, Any], names: List[str]) -> List[int]:
-        spec = pod_spec(pod)
+    def _plain(self, names: List[str]) -> bool:
+        """Whether every name goes into JSON as it is (known lists were checked when first seen)."""
+        if any(n is names for _, n in self._segments):
+            return True
+        return bool(_PLAIN.match("\n".join(names) or "x"))
+
+    def _scores(self, spec: Optional[PodSpec], names: List[str]) -> np.ndarray:
         with self.lock:
             self._ensure_view()
             if spec is None or self.view is None:
-                return [0] * len(names)
-            index = self._indices(names)
-            known = index >= 0
-            values = self.placer.scores(spec, np.where(known, index, 0), fit=self._fit(spec))
-            return np.where(known, values * MAX_EXTENDER_PRIORITY // 100, 0).tolist()
+                return np.zeros(len(names), dtype=np.int64)
+            asked = self._candidates(names)
+            known = asked.rows >= 0
+            values = self.placer.scores(spec, np.where(known, asked.rows, 0), fit=self._fit(spec))
+            return np.where(known, np.asarray(values) * MAX_EXTENDER_PRIORITY // 100, 0)
 
     def prioritize(self, pod: Dict[str, Any], names: List[str]) -> List[Dict[str, Any]]:
-        return [{"Host": n, "Score": v} for n, v in zip(names, self._scores(pod, names))]
+        """``HostPriorityList``. Hosts scoring 0 are left out: kube-scheduler adds an extender's
+        score only to the hosts it lists (``prioritizeNodes``), so a missing host and a 0 are the
+        same to it, and the scheduler has that many fewer entries to decode."""
+        scores = self._scores(pod_spec(pod), names).tolist()
+        return [{"Host": n, "Score": v} for n, v in zip(names, scores) if v]
 
     def prioritize_json(self, pod: Dict[str, Any], names: List[str]) -> bytes:
         """``prioritize`` rendered straight to JSON, grouped by score (the list's order carries no
-        meaning): one C-level join per score value instead of 5,000 objects through json.dumps."""
-        scores = np.asarray(self._scores(pod, names), dtype=np.int64)
-        if not _PLAIN.match("\n".join(names) or "x"):
-            return json.dumps([{"Host": n, "Score": int(v)} for n, v in zip(names, scores)]).encode()
-        array = np.array(names, dtype=object)
+        meaning): one C-level join per score value instead of 5,000 objects through json.dumps.
+        An answer prepared right after the filter (``prepare_prioritize``) is served as it is when
+        it is for the same pod shape and names and nothing has moved since."""
+        spec = pod_spec(pod)
+        prepared = self._prepared
+        if (prepared is not None and spec is not None and prepared[0] == spec
+                and (prepared[1] is names or prepared[1] == names) and prepared[2] == self.version and time.time() - prepared[3] < 1.0):
+            return prepared[4]
+        return self._render_scores(spec, names)
+
+    def prepare_prioritize(self, pod: Dict[str, Any]) -> None:
+        """Score the names the last filter passed, before the scheduler asks: kube-scheduler decodes
+        the filter's answer and runs its own plugins in between, so this work overlaps its own."""
+        spec = pod_spec(pod)
+        last = self._last_passed
+        if spec is None or last is None or last[0] != spec or last[1].view is not self.view:
+            return
+        passed = last[1]
+        version, now = self.version, time.time()
+        self._prepared = (spec, passed.names, version, now, self._render_scores(spec, passed.names))
+
+    def _render_scores(self, spec: Optional[PodSpec], names: List[str]) -> bytes:
+        """The scores as JSON; the same candidates with the same scores give the bytes made before."""
+        scores = self._scores(spec, names)
+        if not self._plain(names):
+            return json.dumps([{"Host": n, "Score": int(v)} for n, v in zip(names, scores.tolist()) if v]).encode()
+        with self.lock:
+            asked = self._candidates(names) if self.view is not None else None
+        key = scores.tobytes()
+        for known, seen, body in self._scored:
+            if known is asked and seen == key:
+                return body
+        array = asked.array if asked is not None else np.array(names, dtype=object)
         parts = []
         for value in np.unique(scores).tolist():
+            if value == 0:
+                continue
             hosts = array[scores == value].tolist()
             tail = f'","Score":{value}}}'
             parts.append('{"Host":"' + (tail + ',{"Host":"').join(hosts) + tail)
-        return ("[" + ",".join(parts) + "]").encode()
+        body = ("[" + ",".join(parts) + "]").encode()
+        if asked is not None:
+            self._scored = [(asked, key, body)] + self._scored[:_KEPT - 1]
+        return body
+
+
+class _Answer:
+    """One filter answer and what it was computed from (see ``TopologyCache._verdicts``)."""
+
+    __slots__ = ("asked", "why", "numa_bound", "code", "passed", "failed", "listed", "body")
+
+    def __init__(self, asked, why: str, numa_bound: bool, code: bytes, passed, failed) -> None:
+        self.asked, self.why, self.numa_bound, self.code = asked, why, numa_bound, code
+        self.passed, self.failed = passed, failed
+        self.listed: Optional[bytes] = None  # the JSON bytes of the passed names
+        self.body: Optional[bytes] = None  # the whole answer as JSON
+
+
+class _Candidates:
+    """One candidate list: the names, their rows in ``view`` (-1: no report), as an object array."""
+
+    __slots__ = ("names", "rows", "view", "_array")
+
+    def __init__(self, names: List[str], rows: np.ndarray, view) -> None:
+        self.names, self.rows, self.view, self._array = names, rows, view, None
+
+    @property
+    def array(self) -> np.ndarray:
+        if self._array is None:
+            self._array = np.array(self.names, dtype=object)
+        return self._array
 
 
 def _why(spec: PodSpec) -> str:
@@ -308,35 +438,39 @@ def _binder(api_client):
 
 
 def serve(cache: TopologyCache, port: int, host: str = "127.0.0.1", api_client=None,
-          record_dir: Optional[str] = None, handler_times: Optional[List[float]] = None) -> ThreadingHTTPServer:
-    bind, read_pod = _binder(api_client) if api_client is not None else (None, None)
+          record_dir: Optional[str] = None, handler_times: Optional[List[Tuple[str, float]]] = None,
+          binding: Optional[Tuple[Callable[[str, str, str, str], None], Callable[[str, str], Dict[str, Any]]]] = None,
+          ) -> ThreadingHTTPServer:
+    """``binding``: (bind(namespace, name, uid, node), read_pod(namespace, name)) in place of the API's
+    (benchmarks bind without an API server); ``handler_times``: collects (path, ms inside) per call."""
+    bind, read_pod = binding or (_binder(api_client) if api_client is not None else (None, None))
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
-        disable_nagle_algorithm = True  # headers and body go out as two writes: no 40 ms delayed-ACK stall
+        disable_nagle_algorithm = True
 
         def log_message(self, *args) -> None:  # quiet: the scheduler calls several times per pod
             pass
 
         def _send(self, code: int, body: Any) -> None:
+            """Status line, headers and body in one write (one syscall, nothing for Nagle to hold)."""
             data = body if isinstance(body, bytes) else json.dumps(body).encode()
-            self.send_response(code)
-            self.send_header("Content-Type", "application/json")
+            timing = ""
             if getattr(self, "_started", None) is not None:  # time spent in the extender, for operators
                 spent = (time.perf_counter() - self._started) * 1000
-                self.send_header("X-Tidal-Handler-Ms", f"{spent:.3f}")
+                timing = f"X-Tidal-Handler-Ms: {spent:.3f}\r\n"
                 if handler_times is not None:
-                    handler_times.append(spent)
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+                    handler_times.append((self.path, spent))
+            head = (f"HTTP/1.1 {code} {self.responses.get(code, ('',))[0]}\r\nContent-Type: application/json\r\n"
+                    f"{timing}Content-Length: {len(data)}\r\n\r\n")
+            self.wfile.write(head.encode() + data)
 
         def do_POST(self) -> None:
             self._started = time.perf_counter()
             try:
                 length = int(self.headers.get("Content-Length") or 0)
                 raw = self.rfile.read(length) or b"{}"
-                args = json.loads(raw)
+                args, names = cache.read_args(raw)
             except (ValueError, json.JSONDecodeError) as exc:
                 return self._send(400, {"Error": f"malformed request: {exc}"})
             if record_dir:  # keep the scheduler's bodies (test fixtures are recorded this way)
@@ -347,9 +481,10 @@ def serve(cache: TopologyCache, port: int, host: str = "127.0.0.1", api_client=N
                     handle.write(raw)
             try:
                 if self.path.rstrip("/").endswith("/filter"):
-                    return self._send(200, cache.filter_json(args.get("Pod") or {}, _names(args)))
+                    self._send(200, cache.filter_json(args.get("Pod") or {}, names))
+                    return cache.prepare_prioritize(args.get("Pod") or {})  # while the scheduler reads
                 if self.path.rstrip("/").endswith("/prioritize"):
-                    return self._send(200, cache.prioritize_json(args.get("Pod") or {}, _names(args)))
+                    return self._send(200, cache.prioritize_json(args.get("Pod") or {}, names))
                 if self.path.rstrip("/").endswith("/bind"):
                     if bind is None:
                         return self._send(200, {"Error": "this extender was started without API access"})
@@ -371,7 +506,16 @@ def serve(cache: TopologyCache, port: int, host: str = "127.0.0.1", api_client=N
 
 
 def _names(args: Dict[str, Any]) -> List[str]:
-    if args.get("NodeNames") is not None:
-        return list(args["NodeNames"])
-    nodes = (args.get("Nodes") or {}).get("items") or []
-    return [n["metadata"]["name"] for n in nodes]
+    """The candidate names of ``ExtenderArgs`` (``NodeNames``, or the names of ``Nodes``)."""
+    try:
+        if args.get("NodeNames") is not None:
+            if not isinstance(args["NodeNames"], list):
+                raise TypeError("not a list")
+            names = list(args["NodeNames"])
+        else:
+            names = [n["metadata"]["name"] for n in (args.get("Nodes") or {}).get("items") or []]
+    except (TypeError, KeyError, AttributeError) as exc:
+        raise ValueError(f"NodeNames/Nodes are not a list of nodes ({exc!r})") from None
+    if not all(isinstance(n, str) for n in names):
+        raise ValueError("NodeNames must be strings")
+    return names

@@ -1,8 +1,10 @@
 // benchclient calls a scheduler extender the way kube-scheduler does (Go's net/http,
 // keep-alive, JSON bodies): one /filter with every candidate node, then one /prioritize
-// with the nodes that passed, per sample. It prints per sample (milliseconds) the whole cycle
-// and its HTTP part alone (request written to response read: the extender and the wire),
-// the rest being the client's own JSON encoding and decoding.
+// with the nodes that passed, per sample; then, as the binding cycle does, one /bind of the
+// pod to the best-scored node (not in the sample: kube-scheduler binds asynchronously). It
+// prints per sample (milliseconds) the whole cycle and its HTTP part alone (request written
+// to response read: the extender and the wire), the rest being the client's own JSON encoding
+// and decoding.
 //
 //	benchclient -url http://127.0.0.1:PORT -args args.json -calls 300 -warmup 10
 //
@@ -59,6 +61,48 @@ func post(client *http.Client, url string, body interface{}, out interface{}) (t
 	return wire, json.Unmarshal(raw, out)
 }
 
+// checkScores: every scored host was a candidate, once, with a score in 0..10 (hosts left out
+// score 0 to kube-scheduler).
+func checkScores(scores []hostPriority, candidates []string) error {
+	allowed := make(map[string]bool, len(candidates))
+	for _, name := range candidates {
+		allowed[name] = true
+	}
+	for _, s := range scores {
+		if !allowed[s.Host] {
+			return fmt.Errorf("score for %q, not a candidate or listed twice", s.Host)
+		}
+		allowed[s.Host] = false
+		if s.Score < 0 || s.Score > 10 {
+			return fmt.Errorf("score %d for %q is outside 0..10", s.Score, s.Host)
+		}
+	}
+	return nil
+}
+
+// bindBest binds the pod to its best-scored node (the first candidate when none scored).
+func bindBest(client *http.Client, url string, pod map[string]interface{}, scores []hostPriority, candidates []string) error {
+	if len(candidates) == 0 {
+		return nil
+	}
+	best, top := candidates[0], int64(-1)
+	for _, s := range scores {
+		if s.Score > top {
+			best, top = s.Host, s.Score
+		}
+	}
+	meta, _ := pod["metadata"].(map[string]interface{})
+	args := map[string]interface{}{"PodName": meta["name"], "PodNamespace": meta["namespace"], "PodUID": meta["uid"], "Node": best}
+	var result struct{ Error string }
+	if _, err := post(client, url+"/bind", args, &result); err != nil {
+		return err
+	}
+	if result.Error != "" {
+		return fmt.Errorf("bind: %s", result.Error)
+	}
+	return nil
+}
+
 func main() {
 	url := flag.String("url", "", "extender URL prefix, e.g. http://127.0.0.1:8890")
 	argsPath := flag.String("args", "", "JSON file with NodeNames and Pods")
@@ -94,8 +138,12 @@ func main() {
 			fmt.Fprintln(os.Stderr, "benchclient:", err)
 			os.Exit(1)
 		}
-		if len(scores) != len(filtered.NodeNames) {
-			fmt.Fprintf(os.Stderr, "benchclient: %d scores for %d nodes\n", len(scores), len(filtered.NodeNames))
+		if err := checkScores(scores, filtered.NodeNames); err != nil {
+			fmt.Fprintln(os.Stderr, "benchclient:", err)
+			os.Exit(1)
+		}
+		if err := bindBest(client, *url, pod, scores, filtered.NodeNames); err != nil {
+			fmt.Fprintln(os.Stderr, "benchclient:", err)
 			os.Exit(1)
 		}
 		if i >= *warmup {

@@ -180,7 +180,8 @@ def test_extender_prioritize_packs_and_reserves_bound_pods_until_reported():
     cache.put(node_report("n-big", [16, 16]))
     cache.put(node_report("n-huge", [32, 32]))
     scores = {h["Host"]: h["Score"] for h in cache.prioritize(args["Pod"], ["n-big", "n-huge"])}
-    assert 0 <= scores["n-huge"] < scores["n-big"] <= 10  # pack: the tighter node scores higher
+    assert 0 <= scores.get("n-huge", 0) < scores["n-big"] <= 10  # pack: the tighter node scores higher
+    assert all(v > 0 for v in scores.values())  # a 0 is left out: to kube-scheduler it adds nothing
     bind = recorded("bind.json")
     spec = pod_spec(args["Pod"])
     cache.reserve(bind["Node"], spec, bind["PodUID"])
@@ -200,8 +201,9 @@ def test_prioritize_json_says_what_prioritize_says():
     names = ["n0", "n1", "n2", "n3", "unknown"]
     fast = json.loads(cache.prioritize_json(args["Pod"], names))
     assert sorted(map(json.dumps, fast)) == sorted(map(json.dumps, cache.prioritize(args["Pod"], names)))
-    odd = ["we\"ird"]  # not a DNS name: falls back to json.dumps, still valid JSON
-    assert json.loads(cache.prioritize_json(args["Pod"], odd)) == [{"Host": "we\"ird", "Score": 0}]
+    odd = ["we\"ird", "n0"]  # not a DNS name: falls back to json.dumps, still valid JSON
+    assert json.loads(cache.prioritize_json(args["Pod"], odd)) == cache.prioritize(args["Pod"], odd)
+    assert {h["Host"] for h in cache.prioritize(args["Pod"], odd)} == {"n0"}
 
 
 def test_moving_a_pod_to_other_cpus_keeps_containers_inside_the_pod_at_every_step(topo_dual_socket_ht):
@@ -241,3 +243,60 @@ def test_filter_json_says_what_filter_says():
     assert json.loads(cache.filter_json(args["Pod"], names)) == cache.filter(args["Pod"], names)
     cache.put(node_report("n-big", [2, 2]))  # a new report: the cached fit must not be reused
     assert json.loads(cache.filter_json(args["Pod"], ["n-big"]))["NodeNames"] == []
+
+
+def _go_body(pod, names):
+    """An ExtenderArgs body as kube-scheduler's Go encoder writes it (no spaces)."""
+    return json.dumps({"Pod": pod, "Nodes": None, "NodeNames": names}, separators=(",", ":")).encode()
+
+
+def test_read_args_recognises_a_list_it_has_seen_and_the_filter_answer_it_sent():
+    args = recorded("filter-numa-bound.json")
+    cache = TopologyCache(stale_after=60)
+    for name, cpus in (("n-big", [16, 16]), ("n-small", [2] * 8), ("n-mid", [8] * 8)):
+        cache.put(node_report(name, cpus))
+    pod, first_names = cache.read_args(_go_body(args["Pod"], args["NodeNames"]))
+    assert first_names == args["NodeNames"] and pod["Pod"] == args["Pod"]
+    again, names = cache.read_args(_go_body(args["Pod"], args["NodeNames"]))
+    assert names is first_names and again["Pod"] == args["Pod"]  # recognised: not decoded again
+    answer = json.loads(cache.filter_json(args["Pod"], names))
+    _, passed = cache.read_args(_go_body(args["Pod"], answer["NodeNames"]))
+    assert passed == ["n-big"] and passed is cache._last_passed[1].names
+    # a body whose pod carries the same list bytes somewhere else is decoded in full, not mistaken
+    tricky = json.loads(json.dumps(args["Pod"]))
+    tricky["metadata"]["NodeNames"] = args["NodeNames"]
+    body = _go_body(tricky, ["n-mid"])
+    decoded, names = cache.read_args(body)
+    assert names == ["n-mid"] and decoded["Pod"]["metadata"]["NodeNames"] == args["NodeNames"]
+    # the sentinel itself sent as NodeNames is not a list of names: decoded and refused
+    import pytest
+
+    with pytest.raises(ValueError):
+        cache.read_args(b'{"Pod":{},"NodeNames":"\\u0000tidal-known-names"}')
+    with pytest.raises(ValueError):
+        cache.read_args(b'{"Pod":{},"NodeNames":[1,2]}')
+    with pytest.raises(ValueError):
+        cache.read_args(b'[1]')
+
+
+def test_prepared_scores_are_served_only_while_nothing_has_moved():
+    args = recorded("filter-numa-bound.json")
+    cache = TopologyCache(stale_after=60)
+    cache.put(node_report("n-big", [16, 16]))
+    cache.put(node_report("n-huge", [32, 32]))
+    names = ["n-big", "n-huge"]
+    passed = json.loads(cache.filter_json(args["Pod"], names))["NodeNames"]
+    cache.prepare_prioritize(args["Pod"])
+    prepared = cache._prepared[4]
+    assert cache.prioritize_json(args["Pod"], passed) is prepared  # served as prepared
+    assert json.loads(prepared) == cache.prioritize(args["Pod"], passed)
+    cache.put(node_report("n-huge", [12, 12]))  # now n-huge is the tighter fit
+    fresh = json.loads(cache.prioritize_json(args["Pod"], passed))
+    assert fresh == cache.prioritize(args["Pod"], passed) and fresh != json.loads(prepared)
+    other = json.loads(json.dumps(args["Pod"]))
+    other["spec"]["containers"][0]["resources"] = {"requests": {"cpu": "2", "memory": "1Gi"},
+                                                   "limits": {"cpu": "2", "memory": "1Gi"}}
+    cache.filter_json(args["Pod"], names)
+    cache.prepare_prioritize(args["Pod"])
+    assert json.loads(cache.prioritize_json(other, passed)) == cache.prioritize(other, passed)  # its own scores
+    assert cache._prepared[0] != pod_spec(other)
