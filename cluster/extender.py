@@ -78,7 +78,9 @@ class TopologyCache:
         self._answers: List[_Answer] = []  # recent filter answers, newest first
         self._scored: List[Tuple[_Candidates, bytes, bytes]] = []  # recent prioritize answers
         self.version = 0  # bumped by every change to the view (reports, removals, reservations)
-        self._fits: List[Tuple[PodSpec, int, float, np.ndarray]] = []  # copies per node, by pod shape
+        self._fits: List[Tuple[PodSpec, int, float, np.ndarray, Any]] = []  # copies per node, by pod shape
+        self._changes: List[Tuple[int, int]] = []  # (version, view row) of row-level changes, oldest first
+        self._changes_floor = 0  # versions at or below this may have changes no longer listed
 
     def put(self, report: NodeReport) -> None:
         with self.lock:
@@ -93,6 +95,7 @@ class TopologyCache:
                                           if uid not in admitted and now - t < self.stale_after]
             if known and self.view is not None and len(report.zones) <= self.view.zones:
                 self.view.update(report)
+                self._changed(self.view.node(report.name))
                 self._reapply(report.name)
             else:
                 self.view = None
@@ -106,6 +109,7 @@ class TopologyCache:
     def _ensure_view(self) -> None:
         if self.view is None and self.reports:
             self.view = ClusterView(self.reports.values())
+            self._changes, self._changes_floor = [], self.version
             # the reports are long-lived: keep the cyclic GC from walking them on every collection
             # that the per-call lists of 5,000 names trigger (tail latency)
             gc.freeze()
@@ -113,21 +117,31 @@ class TopologyCache:
             for name in self.reports:
                 self._reapply(name)
 
+    def _changed(self, row: int) -> None:
+        """Note that ``row`` of the view changed at this version (fits kept from before are
+        brought up to date row by row instead of over the whole cluster)."""
+        self._changes.append((self.version, row))
+        if len(self._changes) > 4 * _KEPT:
+            self._changes_floor = self._changes[_KEPT][0]
+            del self._changes[:_KEPT + 1]
+
     def _reapply(self, name: str) -> None:
         for spec, _, _ in self.reserved.get(name, []):
             self._take_on(name, spec)
 
     def _take_on(self, name: str, spec: PodSpec) -> None:
         i = self.view.node(name)
-        fit, zones = self.placer.node_fit(spec, now=time.time())
-        if fit[i] <= 0:
+        fit, zones = self.placer.node_fit(spec, now=time.time(), rows=np.array([i]))
+        if fit[0] <= 0:
             return
+        self._changed(i)
         if spec.kind == "reclaimed":
             self.view.recl_cpu[i] -= spec.millicpu
             self.view.recl_mem[i] -= spec.memory
         elif spec.numa_bound:
-            fitting = np.flatnonzero(zones[i] > 0)
-            z = int(fitting[np.argmin(zones[i][fitting])]) if self.policy == "pack" else int(np.argmax(zones[i]))
+            free = zones[0]  # copies per zone of this node
+            fitting = np.flatnonzero(free > 0)
+            z = int(fitting[np.argmin(free[fitting])]) if self.policy == "pack" else int(np.argmax(free))
             self.view.cpu[i, z] -= spec.millicpu
             self.view.mem[i, z] -= spec.memory
         else:
@@ -154,7 +168,12 @@ class TopologyCache:
             end = raw.find(b"]", at)
             segment = raw[at + 12:end + 1]
             with self.lock:
-                names = next((n for seen, n in self._segments if seen == segment), None)
+                names = None
+                for position, (seen, known) in enumerate(self._segments):
+                    if seen == segment:
+                        names = known
+                        self._segments.insert(0, self._segments.pop(position))
+                        break
             if names is not None:
                 args = json.loads(raw[:at + 12] + _PLACEHOLDER + raw[end + 1:])
                 if isinstance(args, dict) and args.get("NodeNames") == _PLACEHOLDER_VALUE:
@@ -178,8 +197,10 @@ class TopologyCache:
         """The view rows of ``names`` (-1: no report), kept for the next calls: the same list comes
         back (by identity through ``read_args``, else compared, ~20x cheaper than 5,000 lookups);
         a rebuilt view invalidates them."""
-        for known in self._memo:
+        for position, known in enumerate(self._memo):
             if known.view is self.view and (known.names is names or known.names == names):
+                if position:
+                    self._memo.insert(0, self._memo.pop(position))
                 return known
         get = self.view.index.get
         made = _Candidates(names, np.array([get(n, -1) for n in names], dtype=np.int64), self.view)
@@ -187,14 +208,25 @@ class TopologyCache:
         return made
 
     def _fit(self, spec: PodSpec) -> np.ndarray:
-        """Copies of ``spec`` per node, kept for the prioritize call that follows the filter (the view
-        has not moved in between unless a report or a binding came: the version says)."""
+        """Copies of ``spec`` per node, kept per pod shape for the next calls: when only some rows
+        changed since (a binding, a node's new report), only those are computed again. A fit is
+        kept at most a second, as nodes' reports age out of freshness."""
         now = time.time()
-        for known, version, when, fit in self._fits:
-            if known == spec and version == self.version and now - when < 1.0:
-                return fit
+        for position, (known, version, when, fit, view) in enumerate(self._fits):
+            if known != spec or view is not self.view or now - when >= 1.0:
+                continue
+            if version != self.version:
+                if version < self._changes_floor:
+                    break
+                rows = np.array(sorted({row for v, row in self._changes if v > version}), dtype=np.int64)
+                fit = fit.copy()
+                if rows.size:
+                    fit[rows] = self.placer.node_fit(spec, now=when, rows=rows)[0]
+                self._fits[position] = (spec, self.version, when, fit, view)
+            return fit
         fit, _ = self.placer.node_fit(spec, now=now)
-        self._fits = [(spec, self.version, now, fit)] + [f for f in self._fits if f[1] == self.version][:_KEPT - 1]
+        kept = [f for f in self._fits if f[0] != spec and f[4] is self.view and now - f[2] < 1.0]
+        self._fits = [(spec, self.version, now, fit, self.view)] + kept[:_KEPT - 1]
         return fit
 
     def _verdicts(self, spec: PodSpec, names: List[str]) -> _Answer:

@@ -54,38 +54,43 @@ class Placer:
         self.offset = 0
 
     # ---- fit ----------------------------------------------------------------------------
-    def zone_fit(self, spec: PodSpec) -> np.ndarray:
-        """[node, zone] -> copies of a NUMA-bound pod the zone can take."""
+    def zone_fit(self, spec: PodSpec, rows=None) -> np.ndarray:
+        """[node, zone] -> copies of a NUMA-bound pod the zone can take (``rows``: only those nodes)."""
         v = self.view
-        fit = v.cpu // spec.millicpu
+        sel = slice(None) if rows is None else rows
+        fit = v.cpu[sel] // spec.millicpu
         if spec.memory:
-            fit = np.minimum(fit, v.mem // spec.memory)
+            fit = np.minimum(fit, v.mem[sel] // spec.memory)
         if spec.gpus:
-            fit = np.minimum(fit, v.gpu // spec.gpus)
+            fit = np.minimum(fit, v.gpu[sel] // spec.gpus)
         return fit
 
-    def node_fit(self, spec: PodSpec, now: Optional[float] = None) -> Tuple[np.ndarray, Optional[np.ndarray]]:
-        """Copies of ``spec`` each node can take (0 where filtered out), and the per-zone fit."""
+    def node_fit(self, spec: PodSpec, now: Optional[float] = None,
+                 rows=None) -> Tuple[np.ndarray, Optional[np.ndarray]]:
+        """Copies of ``spec`` each node can take (0 where filtered out), and the per-zone fit;
+        ``rows``: only those nodes (an index array), in that order."""
         v = self.view
+        sel = slice(None) if rows is None else rows
         zones = None
         if spec.kind == "reclaimed":
-            fit = v.recl_cpu // spec.millicpu
+            fit = v.recl_cpu[sel] // spec.millicpu
             if spec.memory:
-                fit = np.minimum(fit, v.recl_mem // spec.memory)
-            allowed = (v.state == ONLINE) | (v.state == OFFLINE)
+                fit = np.minimum(fit, v.recl_mem[sel] // spec.memory)
+            state = v.state[sel]
+            allowed = (state == ONLINE) | (state == OFFLINE)
         else:
             if spec.numa_bound:
-                zones = self.zone_fit(spec)
+                zones = self.zone_fit(spec, rows)
                 fit = zones.sum(axis=1)
             else:
-                fit = v.cpu.sum(axis=1) // spec.millicpu
+                fit = v.cpu[sel].sum(axis=1) // spec.millicpu
                 if spec.memory:
-                    fit = np.minimum(fit, v.mem.sum(axis=1) // spec.memory)
+                    fit = np.minimum(fit, v.mem[sel].sum(axis=1) // spec.memory)
                 if spec.gpus:
-                    fit = np.minimum(fit, v.gpu.sum(axis=1) // spec.gpus)
-            allowed = v.state == ONLINE
+                    fit = np.minimum(fit, v.gpu[sel].sum(axis=1) // spec.gpus)
+            allowed = v.state[sel] == ONLINE
         if self.stale_after is not None:
-            allowed = allowed & v.fresh(now if now is not None else _now(), self.stale_after)
+            allowed = allowed & v.fresh(now if now is not None else _now(), self.stale_after)[sel]
         return np.where(allowed, fit, 0), zones
 
     def _free(self, spec: PodSpec, nodes: np.ndarray) -> np.ndarray:

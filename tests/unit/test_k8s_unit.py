@@ -300,3 +300,39 @@ def test_prepared_scores_are_served_only_while_nothing_has_moved():
     cache.prepare_prioritize(args["Pod"])
     assert json.loads(cache.prioritize_json(other, passed)) == cache.prioritize(other, passed)  # its own scores
     assert cache._prepared[0] != pod_spec(other)
+
+
+def test_fits_brought_up_to_date_row_by_row_equal_a_full_computation():
+    """After bindings and new reports, a kept fit patched on the changed rows is what computing it
+    over the whole cluster gives (and a filter answer reused only when no verdict changed)."""
+    import random
+    import time
+
+    from cluster.placement.model import PodSpec
+
+    rng = random.Random(7)
+    cache = TopologyCache(stale_after=600)
+    names = [f"n{i}" for i in range(60)]
+    for name in names:
+        cache.put(node_report(name, [rng.choice((4, 8, 16))] * rng.choice((1, 2, 4))))
+    specs = [PodSpec("dedicated", 4000, GIB, numa_bound=True), PodSpec("shared", 1500, GIB),
+             PodSpec("reclaimed", 500, GIB // 2)]
+    pods = {"dedicated": recorded("filter-numa-bound.json")["Pod"]}
+    for step in range(300):
+        spec = rng.choice(specs)
+        with cache.lock:
+            cache._ensure_view()
+            kept = cache._fit(spec)
+            full, _ = cache.placer.node_fit(spec, now=time.time())
+        assert kept.tolist() == full.tolist(), f"step {step}: {spec}"
+        if rng.random() < 0.7:
+            cache.reserve(rng.choice(names), spec, f"uid-{step}")
+        else:
+            cache.put(node_report(rng.choice(names), [rng.choice((2, 4, 8, 16))] * 2))
+        answer = cache.filter(pods["dedicated"], names)
+        cache.lock.acquire()
+        try:
+            cache._answers.clear()  # computed afresh for the comparison
+        finally:
+            cache.lock.release()
+        assert cache.filter(pods["dedicated"], names) == answer
