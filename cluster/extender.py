@@ -326,7 +326,8 @@ class TopologyCache:
         spec = pod_spec(pod)
         prepared = self._prepared
         if (prepared is not None and spec is not None and prepared[0] == spec
-                and (prepared[1] is names or prepared[1] == names) and prepared[2] == self.version and time.time() - prepared[3] < 1.0):
+                and (prepared[1] is names or prepared[1] == names)
+                and prepared[2] == self.version and time.time() - prepared[3] < 1.0):
             return prepared[4]
         return self._render_scores(spec, names)
 
@@ -514,7 +515,11 @@ def serve(cache: TopologyCache, port: int, host: str = "127.0.0.1", api_client=N
             try:
                 if self.path.rstrip("/").endswith("/filter"):
                     self._send(200, cache.filter_json(args.get("Pod") or {}, names))
-                    return cache.prepare_prioritize(args.get("Pod") or {})  # while the scheduler reads
+                    try:  # while the scheduler reads; the answer is out, so nothing more may be sent
+                        cache.prepare_prioritize(args.get("Pod") or {})
+                    except Exception:  # noqa: BLE001 - prioritize will compute it when asked
+                        log.exception("extender: preparing prioritize")
+                    return None
                 if self.path.rstrip("/").endswith("/prioritize"):
                     return self._send(200, cache.prioritize_json(args.get("Pod") or {}, names))
                 if self.path.rstrip("/").endswith("/bind"):

@@ -336,3 +336,42 @@ def test_fits_brought_up_to_date_row_by_row_equal_a_full_computation():
         finally:
             cache.lock.release()
         assert cache.filter(pods["dedicated"], names) == answer
+
+
+def test_extender_over_http_filter_then_prioritize_and_bad_bodies():
+    """The served verbs on loopback: a filter, then prioritize with its answer (as the scheduler
+    sends it back), then bodies that are not ExtenderArgs: one 400 each, and the server goes on."""
+    import http.client
+
+    from cluster.extender import serve
+
+    args = recorded("filter-numa-bound.json")
+    cache = TopologyCache(stale_after=60)
+    cache.put(node_report("n-big", [16, 16]))
+    cache.put(node_report("n-huge", [32, 32]))
+    cache.put(node_report("n-small", [2] * 8))
+    times = []
+    server = serve(cache, 0, handler_times=times)
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", server.server_address[1], timeout=10)
+
+        def post(verb, body):
+            conn.request("POST", f"/{verb}", body, {"Content-Type": "application/json"})
+            response = conn.getresponse()
+            return response.status, json.loads(response.read())
+
+        names = ["n-big", "n-huge", "n-small", "n-none"]
+        status, filtered = post("filter", _go_body(args["Pod"], names))
+        assert status == 200 and filtered["NodeNames"] == ["n-big", "n-huge"]
+        assert set(filtered["FailedNodes"]) == {"n-small", "n-none"}
+        status, scores = post("prioritize", _go_body(args["Pod"], filtered["NodeNames"]))
+        assert status == 200 and scores == cache.prioritize(args["Pod"], ["n-big", "n-huge"])
+        for bad in (b"{not json", b'{"Pod":{},"NodeNames":"n-big"}', b'{"Pod":{},"NodeNames":[1]}', b"[]",
+                    b'{"Pod":{},"Nodes":{"items":[{"name":"x"}]}}'):
+            status, answer = post("filter", bad)
+            assert status == 400 and answer["Error"].startswith("malformed request"), bad
+        status, again = post("filter", _go_body(args["Pod"], names))
+        assert status == 200 and again == filtered
+        assert [path for path, _ in times][:2] == ["/filter", "/prioritize"] and len(times) == 8
+    finally:
+        server.shutdown()
