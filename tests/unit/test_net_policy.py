@@ -98,3 +98,11 @@ def test_net_options_need_an_online_nic():
 def test_rates_format_for_people():
     assert format_rate(97_000_000) == "97mbit"
     assert format_rate(9_700_000_000) == "9.7gbit"
+
+
+@pytest.mark.parametrize("link, want", [(200 * MBIT, 3028), (10_000 * MBIT, 125_000)], ids=["200mbit", "10gbit"])
+def test_htb_bursts_last_100us_at_the_class_rate_and_never_under_two_frames(link, want):
+    """What HTB sends back to back queues downstream, ahead of online's next packet: the
+    default keeps it to 100 µs of the rate (two full frames where that is less)."""
+    rates = ClassRates.plan(NetConfig(NicRole("a0", link)), link)
+    assert rates.burst(link) == want

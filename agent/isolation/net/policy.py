@@ -94,7 +94,8 @@ class NetConfig:
     margin: float = 0.01  # of the link: kept free above online's recent peak when sizing offline's ceiling
     offline_floor: float = 0.05  # of the link: offline's guarantee, whatever online does
     system_share: float = 0.02  # of the link: the system class's guarantee
-    burst_us: int = 300  # HTB bursts: this long at a class's rate (at least two full frames)
+    burst_us: int = 100  # HTB bursts: this long at a class's rate (at least two full frames): what HTB
+    # sends back to back queues in the NIC or the switch behind it, ahead of online's next packet
     window: float = 5.0  # seconds of online rate samples whose peak sizes the offline ceiling
     ingress: bool = True  # shape incoming traffic too (through an IFB device per NIC)
     mark: int = 0x00110000  # packet mark of offline traffic (within mask)
@@ -134,7 +135,7 @@ class ClassRates:
     system: int
     offline_floor: int
     offline_ceil: int
-    burst_us: int = 300
+    burst_us: int = 100
 
     def burst(self, rate: float) -> int:
         """Bytes a class may send back to back. Too small and the timer cannot keep up with
