@@ -606,16 +606,21 @@ def bench_topology(root: str, repeat: int, as_json: bool) -> None:
 @click.option("--link-mbps", default=200, show_default=True, type=click.IntRange(1, 10000),
               help="Rate the emulated link is held to.")
 @click.option("--seconds", default=4.0, show_default=True, type=click.FloatRange(1, 600), help="Length of each run.")
-@click.option("--repeats", default=3, show_default=True, type=click.IntRange(1, 100),
-              help="Rounds of (unloaded, none, tidal), interleaved.")
+@click.option("--repeats", default=5, show_default=True, type=click.IntRange(1, 100),
+              help="Rounds of (unloaded, none, tidal, tidal_shaper_only), interleaved; p99 is over all rounds' "
+                   "samples (5 rounds of 4 s: 10,000 per scenario).")
 @click.option("--rr-rate", default=500.0, show_default=True, type=click.FloatRange(1, 20000),
               help="Online requests per second.")
+@click.option("--pm-qos/--no-pm-qos", default=True, show_default=True,
+              help="Hold idle cpus awake (PM QoS, /dev/cpu_dma_latency = 0) for the whole run, every scenario alike: "
+                   "on a VM, waking a halted vCPU goes through the hypervisor.")
 @click.option("--json", "as_json", is_flag=True, help="JSON output (always JSON).")
-def bench_net_isolation(link_mbps: int, seconds: float, repeats: int, rr_rate: float, as_json: bool) -> None:
+def bench_net_isolation(link_mbps: int, seconds: float, repeats: int, rr_rate: float, pm_qos: bool,
+                        as_json: bool) -> None:
     """Online latency under an offline flood: no shaping vs Tidal, in namespaces it makes (root)."""
     from agent.bench.net_isolation import run
 
-    emit_json(run(link_mbps, seconds, repeats, rr_rate))
+    emit_json(run(link_mbps, seconds, repeats, rr_rate, pm_qos=pm_qos))
 
 
 @bench.command("placement")

@@ -7,20 +7,38 @@ online service) and a TCP sink. From the host:
 
 * ``unloaded``: online request/response alone (64-byte UDP, ``rr_rate``/s);
 * ``none``: the same beside an offline bulk TCP flood, no shaping;
-* ``tidal``: the same with Tidal's shaper on the host NIC (``NetShaper``, the
-  agent's component, re-rated every 0.5 s as the agent's loop does) and the
-  flood started in a cgroup2 cgroup that the classifier counts as offline.
+* ``tidal``: the node as Tidal runs it: Tidal's shaper on the host NIC
+  (``NetShaper``, the agent's component, re-rated every 0.5 s as the agent's
+  loop does), and the flood started where Tidal runs reclaimed work: in a
+  cgroup2 cgroup that the classifier counts as offline, under ``SCHED_IDLE``
+  (what ``cpu.idle=1`` on the agent's reclaimed pool gives its tasks);
+* ``tidal_shaper_only``: the shaper alone, the flood at normal cpu priority
+  (what the network part contributes on its own).
 
 Scenarios take turns, ``repeats`` rounds; latency percentiles are over all
 rounds' samples pooled, throughput is the median round's. offline_share is
 offline throughput over what online left of the link (link - online's own
 traffic). Also per scenario: the p99 of the shaped direction alone
 (``forward_p99_us``, client send to the server's arrival stamp, one clock),
-the share of round trips over 1 ms, and the packets the link's queue dropped. Needs root, nft and nsenter; everything made is removed after.
+the share of round trips over 1 ms, the packets the link's queue dropped, and
+the share of the online cpu spent in softirq (``online_cpu_softirq``: a shared
+qdisc is run, and its timer fires, on whichever cpu touched it last, so the
+online cpu carries some of offline's packets; here each of those also crosses
+the emulated wire and the peer's TCP stack, which a NIC does not cost), and
+how busy the other cpus were (``offline_cpus_busy``: near 1, the flood is
+limited by the cpu that also plays the wire and the peer, not by the shaper).
+
+Every scenario gets the same cpu placement (online client and server on the
+first cpu, everything else on the others, including the wire's and the peer's
+packet processing: ``NetLab(far_cpus=...)``) and, unless ``pm_qos`` is off, the
+same PM QoS request that keeps idle cpus from halting (``wakeup.py`` says why
+a virtual machine needs it). Needs root, nft and nsenter; everything made is
+removed after.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
@@ -30,10 +48,12 @@ from typing import Any, Dict, List, Optional
 
 from agent.bench.netlab import SERVICE, NetLab
 from agent.bench.timing import median, percentile
+from agent.bench.wakeup import WakeupLatencyHold
 from agent.errors import TidalError
 
 MBIT = 1_000_000
 RR_BYTES = 64 + 28 + 14  # payload + IP/UDP + Ethernet, each way
+SCENARIOS = ("unloaded", "none", "tidal", "tidal_shaper_only")
 
 
 def _rr(lab: NetLab, seconds: float, rate: float, cpus) -> Dict[str, Any]:
@@ -57,13 +77,13 @@ def _wire_drops(lab: NetLab) -> int:
 
 
 def _round(lab: NetLab, seconds: float, rate: float, flood_cgroup: Optional[str], plan: Dict[str, Any],
-           shaper=None) -> Dict[str, Any]:
+           shaper=None, flood_idle: bool = False) -> Dict[str, Any]:
     drops = _wire_drops(lab)
     flood = None
     if flood_cgroup is not False:
         flood = lab.spawn(lab.host, ["send", SERVICE, "5001", str(seconds + 1.0)],
                           cgroup_procs=os.path.join(flood_cgroup, "cgroup.procs") if flood_cgroup else None,
-                          cpus=plan["offline"])
+                          cpus=plan["offline"], sched_idle=flood_idle)
         time.sleep(0.5)  # let TCP fill the link before measuring
     stop = threading.Event()
 
@@ -74,12 +94,17 @@ def _round(lab: NetLab, seconds: float, rate: float, flood_cgroup: Optional[str]
     ticker = threading.Thread(target=loop, daemon=True) if shaper else None
     if ticker:
         ticker.start()
+    before = _cpu_times(plan["online"]), _cpu_times(plan["offline"])
     try:
         result = _rr(lab, seconds, rate, plan["online"])
     finally:
         stop.set()
         if ticker:
             ticker.join()
+    after = _cpu_times(plan["online"]), _cpu_times(plan["offline"])
+    online, offline = (_delta(b, a) for b, a in zip(before, after))
+    result["online_cpu_softirq"] = online["softirq"] / online["all"]
+    result["offline_cpus_busy"] = 1 - offline["idle"] / offline["all"]
     if flood is not None:
         out, err = flood.communicate(timeout=seconds + 60)
         if flood.returncode != 0:
@@ -89,18 +114,35 @@ def _round(lab: NetLab, seconds: float, rate: float, flood_cgroup: Optional[str]
     return result
 
 
+def _cpu_times(cpus) -> Dict[str, float]:
+    """Seconds these cpus (all when None) spent in softirq, idle and in all, so far."""
+    import psutil
+
+    times = psutil.cpu_times(percpu=True)
+    chosen = [times[cpu] for cpu in sorted(cpus)] if cpus else times
+    return {"softirq": sum(t.softirq for t in chosen), "idle": sum(t.idle for t in chosen),
+            "all": sum(sum(t) for t in chosen)}
+
+
+def _delta(before: Dict[str, float], after: Dict[str, float]) -> Dict[str, float]:
+    out = {key: after[key] - before[key] for key in before}
+    out["all"] = max(out["all"], 1e-9)
+    return out
+
+
 def _cpu_plan() -> Dict[str, Any]:
-    """The same cpu placement in every scenario, so that only the network differs: the online
-    client and server on the first cpu; the flood, the sink, the wire's receive threads and the
-    shaper's loop on the others (Tidal's cpu isolation would keep them apart anyway; here they
-    stand for other machines too, which on a 2-cpu host would otherwise steal online's cpu)."""
+    """The same cpu placement in every scenario: the online client and server on the first cpu;
+    the flood, the sink and the shaper's loop on the others (Tidal's cpu isolation would keep
+    them apart anyway; the sink stands for another machine, which on a 2-cpu host would
+    otherwise steal online's cpu)."""
     cpus = sorted(os.sched_getaffinity(0))
     if len(cpus) < 2:
         return {"online": None, "offline": None, "note": "one cpu: no placement"}
     return {"online": {cpus[0]}, "offline": set(cpus[1:])}
 
 
-def run(link_mbps: int = 200, seconds: float = 4.0, repeats: int = 3, rr_rate: float = 500.0) -> Dict[str, Any]:
+def run(link_mbps: int = 200, seconds: float = 4.0, repeats: int = 5, rr_rate: float = 500.0,
+        pm_qos: bool = True) -> Dict[str, Any]:
     if os.geteuid() != 0:
         raise TidalError("bench net-isolation needs root: it makes network namespaces and cgroups")
     from agent.isolation.cgroups.detect import detect
@@ -115,27 +157,30 @@ def run(link_mbps: int = 200, seconds: float = 4.0, repeats: int = 3, rr_rate: f
     offline_dir = os.path.join(group, "reclaimed")
     os.makedirs(offline_dir)
     link = link_mbps * MBIT
-    samples: Dict[str, List[float]] = {"unloaded": [], "none": [], "tidal": []}
-    forward: Dict[str, List[float]] = {"unloaded": [], "none": [], "tidal": []}
-    drops: Dict[str, int] = {"unloaded": 0, "none": 0, "tidal": 0}
-    offline_mbps: Dict[str, List[float]] = {"none": [], "tidal": []}
-    lost: Dict[str, int] = {"unloaded": 0, "none": 0, "tidal": 0}
+    samples: Dict[str, List[float]] = {name: [] for name in SCENARIOS}
+    forward: Dict[str, List[float]] = {name: [] for name in SCENARIOS}
+    drops: Dict[str, int] = {name: 0 for name in SCENARIOS}
+    offline_mbps: Dict[str, List[float]] = {name: [] for name in SCENARIOS[1:]}
+    lost: Dict[str, int] = {name: 0 for name in SCENARIOS}
+    softirq: Dict[str, List[float]] = {name: [] for name in SCENARIOS}
+    busy: Dict[str, List[float]] = {name: [] for name in SCENARIOS}
     classifier = None
     plan = _cpu_plan()
     mine = os.sched_getaffinity(0)
+    pm = {"held": False, "reason": "--no-pm-qos"}
     try:
         if plan["offline"]:
             os.sched_setaffinity(0, plan["offline"])  # the shaper's loop runs where the agent would: not online's cpu
-        with NetLab(dual=False, wire_rate=link, single_segment=True, threaded_wire=True) as lab:
-            for thread in lab.napi_threads:
-                if plan["offline"]:
-                    os.sched_setaffinity(thread, plan["offline"])
+        with contextlib.ExitStack() as stack:
+            if pm_qos:
+                pm = stack.enter_context(WakeupLatencyHold(0)).describe()
+            lab = stack.enter_context(NetLab(dual=False, wire_rate=link, single_segment=True, far_cpus=plan["offline"]))
             lab.server(lab.peer, ["sink", SERVICE, "5001"], cpus=plan["offline"])
             lab.server(lab.peer, ["echo", SERVICE, "5002"], cpus=plan["online"])
             for _ in range(repeats):
-                for scenario in ("unloaded", "none", "tidal"):
+                for scenario in SCENARIOS:
                     shaper = None
-                    if scenario == "tidal":
+                    if scenario.startswith("tidal"):
                         shaper = NetShaper(NetConfig(NicRole("a0", link), netns=lab.host, window=2.0),
                                            offline_dir=offline_dir, cgroup2_root=unified)
                         shaper.setup()
@@ -145,7 +190,7 @@ def run(link_mbps: int = 200, seconds: float = 4.0, repeats: int = 3, rr_rate: f
                             raise TidalError(f"bench net-isolation: no classifier: {shaper.classifier.reason}")
                     try:
                         flood = False if scenario == "unloaded" else (offline_dir if shaper else None)
-                        result = _round(lab, seconds, rr_rate, flood, plan, shaper)
+                        result = _round(lab, seconds, rr_rate, flood, plan, shaper, flood_idle=scenario == "tidal")
                     finally:
                         if shaper is not None:
                             shaper.revert()
@@ -153,6 +198,8 @@ def run(link_mbps: int = 200, seconds: float = 4.0, repeats: int = 3, rr_rate: f
                     forward[scenario].extend(result["forward_us"])
                     drops[scenario] += result["wire_drops"]
                     lost[scenario] += result["lost"]
+                    softirq[scenario].append(result["online_cpu_softirq"])
+                    busy[scenario].append(result["offline_cpus_busy"])
                     if scenario != "unloaded":
                         offline_mbps[scenario].append(result["offline"]["mbps"])
     finally:
@@ -165,21 +212,25 @@ def run(link_mbps: int = 200, seconds: float = 4.0, repeats: int = 3, rr_rate: f
     online_mbps = rr_rate * RR_BYTES * 8 / MBIT  # each direction
     unloaded = {"p50_us": round(percentile(samples["unloaded"], 50), 1),
                 "p99_us": round(percentile(samples["unloaded"], 99), 1), "lost": lost["unloaded"],
-                "forward_p99_us": round(percentile(forward["unloaded"], 99), 1)}
+                "forward_p99_us": round(percentile(forward["unloaded"], 99), 1),
+                "online_cpu_softirq": round(median(softirq["unloaded"]), 4),
+                "offline_cpus_busy": round(median(busy["unloaded"]), 3)}
     scenarios = {}
-    for name in ("none", "tidal"):
+    for name in SCENARIOS[1:]:
         p99 = percentile(samples[name], 99)
         mbps = median(offline_mbps[name])
         scenarios[name] = {"p50_us": round(percentile(samples[name], 50), 1), "p99_us": round(p99, 1),
                            "p99_ratio": round(p99 / unloaded["p99_us"], 3), "lost": lost[name],
                            "forward_p99_us": round(percentile(forward[name], 99), 1),
                            "over_1ms": round(sum(s > 1000 for s in samples[name]) / len(samples[name]), 4),
-                           "wire_drops": drops[name],
+                           "wire_drops": drops[name], "online_cpu_softirq": round(median(softirq[name]), 4),
+                           "offline_cpus_busy": round(median(busy[name]), 3),
                            "offline_mbps": round(mbps, 2),
                            "offline_share": round(mbps / (link_mbps - online_mbps), 3)}
     return {"link_mbps": link_mbps, "unloaded": unloaded, "scenarios": scenarios,
             "targets": {"tidal_p99_ratio_max": 1.5, "tidal_offline_share_min": 0.9},
             "met": scenarios["tidal"]["p99_ratio"] <= 1.5 and scenarios["tidal"]["offline_share"] >= 0.9,
-            "classifier": classifier,
+            "classifier": classifier, "pm_qos": pm,
+            "offline_cpu_policy": {"tidal": "SCHED_IDLE", "none": "normal", "tidal_shaper_only": "normal"},
             "cpu_plan": {k: sorted(v) if isinstance(v, set) else v for k, v in plan.items()}, "seconds": seconds, "repeats": repeats, "rr_rate": rr_rate,
             "samples": {k: len(v) for k, v in samples.items()}}

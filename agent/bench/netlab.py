@@ -13,6 +13,12 @@ peer on the online path, forwarding, with a TBF at ``wire_rate`` on its way
 to the peer: the link of known rate (and its switch buffer) that a host's own
 shaping has to keep empty. Addresses are from 198.18.0.0/15 only; names are
 ``tdl<random>[hpw]`` so parallel runs never meet.
+
+``far_cpus`` stand for the other machines' hardware: packets arriving at the
+wire and at the peer are processed there (RPS). A veth otherwise runs the whole
+far side (forwarding, the link's queue, the peer's TCP) on the cpu that
+transmitted, in its time: with a shared qdisc that is whichever cpu ran it
+last, often the online one, where a NIC would have cost a hand-off only.
 """
 
 from __future__ import annotations
@@ -40,15 +46,14 @@ def _tc(ns: str, *args: str) -> None:
 
 class NetLab:
     def __init__(self, dual: bool = True, wire_rate: Optional[int] = None, wire_buffer: int = 256 * 1024,
-                 single_segment: bool = False, threaded_wire: bool = False) -> None:
+                 single_segment: bool = False, far_cpus: Optional[Set[int]] = None) -> None:
         tag = uuid.uuid4().hex[:6]
         self.host, self.peer, self.wire = f"tdl{tag}h", f"tdl{tag}p", f"tdl{tag}w"
         self.dual = dual
         self.wire_rate = wire_rate
         self.wire_buffer = wire_buffer
         self.single_segment = single_segment
-        self.threaded_wire = threaded_wire
-        self.napi_threads: List[int] = []
+        self.far_cpus = far_cpus
         self.made: List[str] = []
         self.procs: List[subprocess.Popen] = []
 
@@ -102,54 +107,39 @@ class NetLab:
         _ip("-n", h, "link", "set", "a0", "up")
         _ip("-n", p, "link", "set", "a1", "up")
         _ip("-n", h, "route", "add", "198.19.0.0/24", "via", "198.18.1.2")
-        if self.threaded_wire and self.wire_rate:
-            self._thread_wire()
+        if self.far_cpus:
+            mask = f"{sum(1 << cpu for cpu in self.far_cpus):x}"
+            for ns, dev in ((self.wire, "w0"), (self.peer, "a1")) if self.wire_rate else ((self.peer, "a1"),):
+                subprocess.run(["ip", "netns", "exec", ns, "sh", "-c",
+                                f"echo {mask} > /sys/class/net/{dev}/queues/rx-0/rps_cpus"], check=True)
         if self.single_segment:
             # one MSS per packet: at test rates a 64 KiB GSO burst alone is milliseconds of queue
             for ns, dev in ((h, "a0"), (p, "a1")) + (((h, "b0"),) if self.dual else ()):
                 _ip("-n", ns, "link", "set", dev, "gso_max_segs", "1")
 
-    def _thread_wire(self) -> None:
-        """Receive on the far side of each veth (wire in, peer in) in a NAPI kernel thread:
-        a veth otherwise runs the receiver's whole path on the sender's cpu, in the sender's
-        time, which no real NIC does. The threads can then be placed on a cpu of their own."""
-        for ns, dev in ((self.wire, "w0"), (self.peer, "a1")):
-            subprocess.run(["ip", "netns", "exec", ns, "ethtool", "-K", dev, "gro", "on"], check=True,
-                           capture_output=True)
-            # GRO on only for NAPI: merging would turn a late poll into one burst into the wire's queue
-            _ip("-n", ns, "link", "set", dev, "gro_max_size", "1514")
-            subprocess.run(["ip", "netns", "exec", ns, "sh", "-c", f"echo 1 > /sys/class/net/{dev}/threaded"],
-                           check=True, capture_output=True)
-            for entry in os.listdir("/proc"):
-                if entry.isdigit():
-                    try:
-                        with open(f"/proc/{entry}/comm") as handle:
-                            name = handle.read().strip()
-                    except OSError:
-                        continue
-                    if name.startswith(f"napi/{dev}-") and int(entry) not in self.napi_threads:
-                        self.napi_threads.append(int(entry))
-
     def link(self, ns: str, dev: str, up: bool) -> None:
         _ip("-n", ns, "link", "set", dev, "up" if up else "down")
 
     def spawn(self, ns: str, args: List[str], stdin: bool = False, cgroup_procs: Optional[str] = None,
-              cpus: Optional[Set[int]] = None) -> subprocess.Popen:
+              cpus: Optional[Set[int]] = None, sched_idle: bool = False) -> subprocess.Popen:
         """``python -m agent.bench.traffic ARGS`` inside ``ns`` (optionally in a cgroup2 cgroup
-        first, optionally on ``cpus``)."""
+        first, optionally on ``cpus``, optionally under ``SCHED_IDLE``: it runs only when nothing
+        else on its cpus wants to, as tasks of a ``cpu.idle`` cgroup do)."""
         argv = ["nsenter", f"--net=/run/netns/{ns}", sys.executable, "-m", "agent.bench.traffic", *args]
         env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
 
         def into_cgroup() -> None:
             if cpus:
                 os.sched_setaffinity(0, cpus)
+            if sched_idle:
+                os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
             if cgroup_procs:
                 with open(cgroup_procs, "w") as handle:
                     handle.write(str(os.getpid()))
 
         proc = subprocess.Popen(argv, stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                                preexec_fn=into_cgroup if cgroup_procs or cpus else None)
+                                preexec_fn=into_cgroup if cgroup_procs or cpus or sched_idle else None)
         self.procs.append(proc)
         return proc
 

@@ -1,0 +1,37 @@
+"""``tidal bench net-isolation`` end to end, short: the shape of what it reports and that it
+leaves nothing behind. (Its figures are the benchmark's business, not a test's.)"""
+
+import os
+import shutil
+import subprocess
+
+import pytest
+
+from agent.bench import net_isolation
+from tests.conftest import privileged
+
+needs_tools = pytest.mark.skipif(not (shutil.which("nft") and shutil.which("nsenter") and shutil.which("tc")),
+                                 reason="needs nft (nftables), nsenter (util-linux) and tc (iproute2)")
+pytestmark = [pytest.mark.privileged, privileged, needs_tools]
+
+
+def _netns() -> set:
+    return set(subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split())
+
+
+def test_one_short_round_reports_every_scenario_and_removes_what_it_made():
+    namespaces = _netns()
+    report = net_isolation.run(link_mbps=50, seconds=1.0, repeats=1, rr_rate=200)
+    assert set(report["scenarios"]) == {"none", "tidal", "tidal_shaper_only"}
+    assert report["samples"]["unloaded"] >= 150 and report["unloaded"]["p99_us"] > 0
+    for name, row in report["scenarios"].items():
+        assert report["samples"][name] >= 150, name
+        assert row["offline_mbps"] > 5, (name, row)  # the flood ran and the sink counted it
+        assert row["p99_ratio"] == pytest.approx(row["p99_us"] / report["unloaded"]["p99_us"], rel=1e-2)
+    assert report["classifier"].startswith("nft socket cgroupv2")
+    assert report["offline_cpu_policy"]["tidal"] == "SCHED_IDLE"
+    if os.path.exists("/dev/cpu_dma_latency"):
+        assert report["pm_qos"] == {"held": True, "max_us": 0}
+    assert _netns() == namespaces  # the three namespaces are gone
+    unified = "/sys/fs/cgroup/unified" if os.path.isdir("/sys/fs/cgroup/unified") else "/sys/fs/cgroup"
+    assert not [d for d in os.listdir(unified) if d.startswith("tidal-bench-")]
