@@ -620,7 +620,8 @@ def bench_net_isolation(link_mbps: int, seconds: float, repeats: int, rr_rate: f
     """Online latency under an offline flood: no shaping vs Tidal, in namespaces it makes (root)."""
     from agent.bench.net_isolation import run
 
-    emit_json(run(link_mbps, seconds, repeats, rr_rate, pm_qos=pm_qos))
+    emit_json(run(link_mbps, seconds, repeats, rr_rate, pm_qos=pm_qos,
+                  progress=lambda line: click.echo(line, err=True)))
 
 
 @bench.command("placement")

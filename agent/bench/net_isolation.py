@@ -44,7 +44,7 @@ import os
 import threading
 import time
 import uuid
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 from agent.bench.netlab import SERVICE, NetLab
 from agent.bench.timing import median, percentile
@@ -142,7 +142,8 @@ def _cpu_plan() -> Dict[str, Any]:
 
 
 def run(link_mbps: int = 200, seconds: float = 4.0, repeats: int = 5, rr_rate: float = 500.0,
-        pm_qos: bool = True) -> Dict[str, Any]:
+        pm_qos: bool = True, progress: Callable[[str], None] = lambda line: None) -> Dict[str, Any]:
+    """``progress`` gets one line per scenario run (the CLI prints them on stderr)."""
     if os.geteuid() != 0:
         raise TidalError("bench net-isolation needs root: it makes network namespaces and cgroups")
     from agent.isolation.cgroups.detect import detect
@@ -177,8 +178,9 @@ def run(link_mbps: int = 200, seconds: float = 4.0, repeats: int = 5, rr_rate: f
             lab = stack.enter_context(NetLab(dual=False, wire_rate=link, single_segment=True, far_cpus=plan["offline"]))
             lab.server(lab.peer, ["sink", SERVICE, "5001"], cpus=plan["offline"])
             lab.server(lab.peer, ["echo", SERVICE, "5002"], cpus=plan["online"])
-            for _ in range(repeats):
+            for round_no in range(1, repeats + 1):
                 for scenario in SCENARIOS:
+                    progress(f"net-isolation: round {round_no}/{repeats}, {scenario} ({seconds:g} s)")
                     shaper = None
                     if scenario.startswith("tidal"):
                         shaper = NetShaper(NetConfig(NicRole("a0", link), netns=lab.host, window=2.0),
