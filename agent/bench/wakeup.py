@@ -13,7 +13,10 @@ spinlock wait) goes through the hypervisor. On this project's test machine that
 took 1-8 ms now and then (traced: ``finish_wait`` spinning on a socket's wait
 queue lock for 3.6-8.5 ms right after the task was woken from the other vCPU),
 which is the hypervisor's latency, not the network's. With a 0 µs request the
-idle vCPU polls instead of halting and is woken without the hypervisor.
+idle vCPU polls instead of halting and is woken without an IPI. The waker then
+drops the wait-queue lock before the wakee reaches it, so the spinlock waits
+that needed a kick mostly go too: in one traced 4 s round, lock waits over
+200 µs fell from 27 (50 ms in all) to 4 (1.9 ms).
 """
 
 from __future__ import annotations
