@@ -13,7 +13,7 @@ PYTEST_ARGS ?=
 PREFIX ?= /opt/tidal
 UNIT_DIR ?= /etc/systemd/system
 
-.PHONY: all install deps test run bench clean k8s-testbin
+.PHONY: all install deps test run bench clean clean-test-leftovers k8s-testbin
 
 all: test
 
@@ -51,3 +51,7 @@ bench: $(STAMP)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis
+
+# network namespaces and empty cgroups that a killed test or benchmark run left behind (root)
+clean-test-leftovers:
+	sh scripts/clean-test-leftovers.sh
