@@ -1,7 +1,7 @@
 #!/bin/sh
 # What a test or benchmark run that was killed (SIGKILL, a lost session) could not remove:
 # network namespaces named tdl<6 hex>[hpw] (agent/bench/netlab.py) and cgroup trees named
-# tidal-test-* / tidal-bench-* / tidal-diag-* at the top of each hierarchy. Only empty
+# tidal-test-* / tidal-bench-* at the top of each hierarchy. Only empty
 # cgroups are removed (rmdir refuses others); run it when no test is running.
 set -u
 [ "$(id -u)" = 0 ] || { echo "clean-test-leftovers: needs root" >&2; exit 2; }
@@ -11,7 +11,7 @@ for ns in $(ip netns list 2>/dev/null | awk '{print $1}' | grep -E '^tdl[0-9a-f]
 done
 for top in /sys/fs/cgroup /sys/fs/cgroup/*; do
     [ -d "$top" ] || continue
-    for tree in "$top"/tidal-test-* "$top"/tidal-bench-* "$top"/tidal-diag-*; do
+    for tree in "$top"/tidal-test-* "$top"/tidal-bench-*; do
         [ -d "$tree" ] || continue
         if find "$tree" -depth -type d -exec rmdir {} \; 2>/dev/null && [ ! -d "$tree" ]; then
             removed=$((removed + 1)) && echo "cgroup $tree"
