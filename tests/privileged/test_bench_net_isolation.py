@@ -8,6 +8,7 @@ import subprocess
 import pytest
 
 from agent.bench import net_isolation
+from agent.bench.netlab import SERVICE, NetLab
 from tests.conftest import privileged
 
 needs_tools = pytest.mark.skipif(not (shutil.which("nft") and shutil.which("nsenter") and shutil.which("tc")),
@@ -29,9 +30,19 @@ def test_one_short_round_reports_every_scenario_and_removes_what_it_made():
         assert row["offline_mbps"] > 5, (name, row)  # the flood ran and the sink counted it
         assert row["p99_ratio"] == pytest.approx(row["p99_us"] / report["unloaded"]["p99_us"], rel=1e-2)
     assert report["classifier"].startswith("nft socket cgroupv2")
-    assert report["offline_cpu_policy"]["tidal"] == "SCHED_IDLE"
     if os.path.exists("/dev/cpu_dma_latency"):
         assert report["pm_qos"] == {"held": True, "max_us": 0}
     assert _netns() == namespaces  # the three namespaces are gone
     unified = "/sys/fs/cgroup/unified" if os.path.isdir("/sys/fs/cgroup/unified") else "/sys/fs/cgroup"
     assert not [d for d in os.listdir(unified) if d.startswith("tidal-bench-")]
+
+
+def test_the_tidal_flood_runs_under_sched_idle_and_the_others_do_not():
+    """What the ``tidal`` scenario relies on for the flood: ``spawn(sched_idle=True)`` puts the
+    process under SCHED_IDLE before it runs anything (and leaves others alone)."""
+    with NetLab(dual=False) as lab:
+        idle = lab.server(lab.peer, ["sink", SERVICE, "5001"], cpus=None)
+        assert os.sched_getscheduler(idle.pid) == os.SCHED_OTHER
+        flood = lab.spawn(lab.host, ["sink", "198.18.1.1", "5003"], sched_idle=True)
+        assert flood.stdout.readline().strip() == "ready"
+        assert os.sched_getscheduler(flood.pid) == os.SCHED_IDLE
