@@ -124,7 +124,10 @@ class KubeNodeAgent:
         self.pods: Dict[str, PodRequest] = {}  # uid -> request (admitted)
         self.pod_docs: Dict[str, Dict[str, Any]] = {}
         self.refused: Dict[str, str] = {}  # uid -> why (event recorded once)
-        self.lock = threading.RLock()
+        # the agent's own lock, not a second one: the pod watch admits (the agent's lock taken inside
+        # this one) while the report loop reads the agent's state (the agent's lock, then this one);
+        # two locks taken in both orders deadlocked both threads, silently
+        self.lock = agent.lock
         self.stop = threading.Event()
         self.threads = []
         self.last_report: Optional[str] = None
@@ -266,7 +269,7 @@ class KubeNodeAgent:
 
     def nrt(self, now: Optional[float] = None) -> Dict[str, Any]:
         agent = self.agent
-        with agent.lock, self.lock:
+        with self.lock:
             cap = agent.capacity
             memory = {r.workload: r.memory for r in self.pods.values()}
             return build_nrt(self.node, agent.topology, agent.state, agent._pools(), memory,

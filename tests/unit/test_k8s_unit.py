@@ -375,3 +375,45 @@ def test_extender_over_http_filter_then_prioritize_and_bad_bodies():
         assert [path for path, _ in times][:2] == ["/filter", "/prioritize"] and len(times) == 8
     finally:
         server.shutdown()
+
+
+def test_the_pod_watch_and_the_report_loop_never_deadlock(topo_dual_socket_ht, tmp_path):
+    """The watch admits pods while the report loop reads the agent's state, on two threads. They
+    once took the node agent's lock and the agent's in opposite orders and froze each other (no
+    error, no admission, no report): hammer both paths at once and require both to finish."""
+    import threading
+
+    from kubernetes import client
+
+    from agent.daemon import Agent, AgentConfig
+    from agent.k8s.node import KubeNodeAgent
+
+    agent = Agent(AgentConfig(state_dir=str(tmp_path / "st"), record_cgroups=True, reserved_cpus=()),
+                  echo=lambda line: None, topology=topo_dual_socket_ht)
+    agent.start()
+    node = KubeNodeAgent(agent, client.ApiClient(), "n")  # no server: neither path below calls it
+    done = {"watch": 0, "report": 0}
+    stop = threading.Event()
+
+    def watch():
+        while not stop.is_set():
+            doc = pod(f"p{done['watch']}", cpu="100m", memory="16Mi", limits=False, uid=f"u-{done['watch']}")
+            node.on_pod(doc)
+            node.on_pod(dict(doc, metadata=dict(doc["metadata"], deletionTimestamp="2026-01-01T00:00:00Z")))
+            done["watch"] += 1
+
+    def report():
+        while not stop.is_set():
+            node.nrt()
+            done["report"] += 1
+
+    threads = [threading.Thread(target=watch, daemon=True), threading.Thread(target=report, daemon=True)]
+    for thread in threads:
+        thread.start()
+    stop.wait(3.0)
+    stop.set()
+    for thread in threads:
+        thread.join(timeout=10)
+    assert not any(thread.is_alive() for thread in threads), f"deadlocked after {done}"
+    assert done["watch"] > 20 and done["report"] > 20, done
+    assert not node.pods and not node.refused  # every pod admitted was released again
