@@ -31,6 +31,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
+from agent.k8s import timeouts
 from agent.k8s.pods import pod_request
 from agent.reporter.nrt import GROUP, PLURAL, VERSION, check_crd, to_report
 from cluster.placement.model import NodeReport, PlacementError, PodSpec
@@ -430,14 +431,15 @@ class NrtWatcher(threading.Thread):
         backoff = 0.5
         while not self.stop.is_set():
             try:
-                listing = self.api.list_cluster_custom_object(GROUP, VERSION, PLURAL)
+                listing = self.api.list_cluster_custom_object(GROUP, VERSION, PLURAL, _request_timeout=timeouts.CALL)
                 for obj in listing.get("items", []):
                     self._ingest(obj)
                 self.synced.set()
                 version = listing["metadata"]["resourceVersion"]
                 stream = watch.Watch()
                 for event in stream.stream(self.api.list_cluster_custom_object, GROUP, VERSION, PLURAL,
-                                           resource_version=version, timeout_seconds=60):
+                                           resource_version=version, timeout_seconds=60,
+                                           _request_timeout=timeouts.watch(60)):
                     if self.stop.is_set():
                         stream.stop()
                         break
@@ -462,10 +464,11 @@ def _binder(api_client):
         body = client.V1Binding(metadata=client.V1ObjectMeta(name=name, uid=uid),
                                 target=client.V1ObjectReference(kind="Node", name=node, api_version="v1"))
         # the generated client cannot parse the empty Status the API answers: take it raw
-        core.create_namespaced_binding(namespace, body, _preload_content=False)
+        core.create_namespaced_binding(namespace, body, _preload_content=False, _request_timeout=timeouts.CALL)
 
     def pod(namespace: str, name: str) -> Dict[str, Any]:
-        return api_client.sanitize_for_serialization(core.read_namespaced_pod(name, namespace))
+        return api_client.sanitize_for_serialization(core.read_namespaced_pod(name, namespace,
+                                                                           _request_timeout=timeouts.CALL))
 
     return bind, pod
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
 from agent.errors import TidalError
+from agent.k8s import timeouts
 from agent.k8s.pods import RECLAIMED_CPU, pod_request, quantity
 
 log = logging.getLogger("tidal.lending")
@@ -106,8 +107,8 @@ class LendingController:
         self.name = name
 
     def observe(self) -> Level:
-        nodes = [self.api_client.sanitize_for_serialization(n) for n in self.core.list_node().items]
-        pods = [self.api_client.sanitize_for_serialization(p) for p in self.core.list_pod_for_all_namespaces().items]
+        nodes = [self.api_client.sanitize_for_serialization(n) for n in self.core.list_node(_request_timeout=timeouts.CALL).items]
+        pods = [self.api_client.sanitize_for_serialization(p) for p in self.core.list_pod_for_all_namespaces(_request_timeout=timeouts.CALL).items]
         online, lent, allocatable = [], [], 0
         for node in nodes:
             name = node["metadata"]["name"]
@@ -164,16 +165,17 @@ class LendingController:
         return actions
 
     def _allocatable(self, node: str) -> int:
-        obj = self.core.read_node(node)
+        obj = self.core.read_node(node, _request_timeout=timeouts.CALL)
         return int(quantity((obj.status.allocatable or {}).get("cpu", "0")) * 1000)
 
     def _cordon(self, node: str) -> None:
         self.core.patch_node(node, {"spec": {"unschedulable": True},
-                                    "metadata": {"annotations": {LENDER_ANNOTATION: self.name}}})
+                                    "metadata": {"annotations": {LENDER_ANNOTATION: self.name}}},
+                             _request_timeout=timeouts.CALL)
 
     def _label(self, node: str, state: str, unschedulable: bool) -> None:
         self.core.patch_node(node, {"metadata": {"labels": {STATE_LABEL: state}},
-                                    "spec": {"unschedulable": unschedulable}})
+                                    "spec": {"unschedulable": unschedulable}}, _request_timeout=timeouts.CALL)
 
     def _evict(self, pod: Dict[str, Any]) -> bool:
         from kubernetes import client
@@ -182,7 +184,7 @@ class LendingController:
         meta = pod["metadata"]
         body = client.V1Eviction(metadata=client.V1ObjectMeta(name=meta["name"], namespace=meta["namespace"]))
         try:
-            self.core.create_namespaced_pod_eviction(meta["name"], meta["namespace"], body)
+            self.core.create_namespaced_pod_eviction(meta["name"], meta["namespace"], body, _request_timeout=timeouts.CALL)
             return True
         except ApiException as exc:
             if exc.status == 404:

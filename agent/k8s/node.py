@@ -25,6 +25,7 @@ import time
 from typing import Any, Dict, Optional
 
 from agent.errors import TidalError
+from agent.k8s import timeouts
 from agent.k8s.pods import RECLAIMED_CPU, RECLAIMED_MEMORY, PodRequest, pod_request
 from agent.reporter.nrt import GROUP, PLURAL, VERSION, build_nrt, check_crd
 
@@ -141,7 +142,7 @@ class KubeNodeAgent:
 
         check_crd(self.custom, KubeError)
         try:
-            self.core.read_node(self.node)
+            self.core.read_node(self.node, _request_timeout=timeouts.CALL)
         except ApiException as exc:
             raise KubeError(f"node {self.node!r}: {exc.status} {exc.reason}") from None
 
@@ -165,7 +166,7 @@ class KubeNodeAgent:
         backoff = 0.5
         while not self.stop.is_set():
             try:
-                listing = self.core.list_pod_for_all_namespaces(field_selector=selector)
+                listing = self.core.list_pod_for_all_namespaces(field_selector=selector, _request_timeout=timeouts.CALL)
                 seen = set()
                 for item in listing.items:
                     pod = self.api_client.sanitize_for_serialization(item)
@@ -177,7 +178,8 @@ class KubeNodeAgent:
                 stream = watch.Watch()
                 for event in stream.stream(self.core.list_pod_for_all_namespaces, field_selector=selector,
                                            resource_version=listing.metadata.resource_version,
-                                           timeout_seconds=max(1, int(self.resync))):
+                                           timeout_seconds=max(1, int(self.resync)),
+                                           _request_timeout=timeouts.watch(max(1, int(self.resync)))):
                     if self.stop.is_set():
                         stream.stop()
                         return
@@ -250,7 +252,7 @@ class KubeNodeAgent:
                                                                                      "host": self.node},
                 "firstTimestamp": stamp, "lastTimestamp": stamp, "count": 1}
         try:
-            self.core.create_namespaced_event(meta.get("namespace", "default"), body)
+            self.core.create_namespaced_event(meta.get("namespace", "default"), body, _request_timeout=timeouts.CALL)
         except Exception as exc:  # noqa: BLE001
             log.warning("event on %s: %s", meta["name"], exc)
 
@@ -284,10 +286,12 @@ class KubeNodeAgent:
         if key == self.last_report and not due and not force:
             return False
         self.custom.patch_cluster_custom_object(GROUP, VERSION, PLURAL, self.node, body, field_manager=FIELD_MANAGER,
-                                                force=True, _content_type="application/apply-patch+yaml")
+                                                force=True, _content_type="application/apply-patch+yaml",
+                                                _request_timeout=timeouts.CALL)
         reclaimed = {RECLAIMED_CPU: str(_attr(body, "tidal.io/reclaimed-millicpu")),
                      RECLAIMED_MEMORY: str(_attr(body, "tidal.io/reclaimed-memory"))}
-        self.core.patch_node_status(self.node, {"status": {"capacity": reclaimed, "allocatable": reclaimed}})
+        self.core.patch_node_status(self.node, {"status": {"capacity": reclaimed, "allocatable": reclaimed}},
+                                    _request_timeout=timeouts.CALL)
         self.last_report, self.last_report_at = key, time.monotonic()
         self.published += 1
         return True
@@ -295,7 +299,7 @@ class KubeNodeAgent:
     def follow_node_label(self) -> None:
         from agent.lending import OFFLINE, ONLINE, TO_OFFLINE, TO_ONLINE
 
-        node = self.core.read_node(self.node)
+        node = self.core.read_node(self.node, _request_timeout=timeouts.CALL)
         want = (node.metadata.labels or {}).get(STATE_LABEL)
         current = self.agent.lending.current.state
         if want == "Offline" and current == ONLINE:
@@ -309,7 +313,8 @@ class KubeNodeAgent:
         current = self.agent.lending.current.state
         annotations = node.metadata.annotations or {}
         if annotations.get(CURRENT_ANNOTATION) != current:
-            self.core.patch_node(self.node, {"metadata": {"annotations": {CURRENT_ANNOTATION: current}}})
+            self.core.patch_node(self.node, {"metadata": {"annotations": {CURRENT_ANNOTATION: current}}},
+                                 _request_timeout=timeouts.CALL)
 
 
 def _attr(nrt: Dict[str, Any], name: str) -> str:

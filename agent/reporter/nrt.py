@@ -28,6 +28,7 @@ import hashlib
 import time
 from typing import Any, Dict, Iterable, List, Mapping, Optional
 
+from agent.k8s import timeouts
 from agent.qrm.model import QoS
 
 GROUP, VERSION, PLURAL = "topology.node.k8s.io", "v1alpha2", "noderesourcetopologies"
@@ -110,7 +111,7 @@ def check_crd(custom_api, error=RuntimeError) -> None:
     from kubernetes.client.exceptions import ApiException
 
     try:
-        custom_api.list_cluster_custom_object(GROUP, VERSION, PLURAL, limit=1)
+        custom_api.list_cluster_custom_object(GROUP, VERSION, PLURAL, limit=1, _request_timeout=timeouts.CALL)
     except ApiException as exc:
         if exc.status == 404:
             raise error(f"the NodeResourceTopology CRD ({PLURAL}.{GROUP}/{VERSION}) is not installed: "

@@ -417,3 +417,40 @@ def test_the_pod_watch_and_the_report_loop_never_deadlock(topo_dual_socket_ht, t
     assert not any(thread.is_alive() for thread in threads), f"deadlocked after {done}"
     assert done["watch"] > 20 and done["report"] > 20, done
     assert not node.pods and not node.refused  # every pod admitted was released again
+
+
+def test_an_api_server_that_accepts_and_never_answers_is_an_error_not_a_hang(monkeypatch):
+    """Every call carries a client-side timeout (``agent/k8s/timeouts.py``): without one the client
+    waits forever on a connection that went quiet."""
+    import socket
+    import threading
+
+    from kubernetes import client
+
+    from agent.k8s import timeouts
+    from agent.reporter.nrt import check_crd
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(4)
+    held = []
+    threading.Thread(target=lambda: held.append(server.accept()), daemon=True).start()
+    config = client.Configuration(host=f"http://127.0.0.1:{server.getsockname()[1]}")
+    config.retries = False
+    monkeypatch.setattr(timeouts, "CALL", (1.0, 1.0))
+    outcome = {}
+
+    def call():
+        try:
+            check_crd(client.CustomObjectsApi(client.ApiClient(config)))
+            outcome["result"] = "answered"
+        except Exception as exc:  # noqa: BLE001 - what matters is that it returns
+            outcome["result"] = type(exc).__name__
+
+    caller = threading.Thread(target=call, daemon=True)
+    caller.start()
+    caller.join(timeout=15)
+    server.close()
+    assert not caller.is_alive(), "the call hung on a silent API server"
+    assert "Timeout" in outcome["result"], outcome
+    assert timeouts.watch(30)[1] > 30  # a quiet but healthy watch outlives the server's own timeout
