@@ -200,6 +200,7 @@ class KubeNodeAgent:
         meta = pod["metadata"]
         uid = meta["uid"]
         phase = (pod.get("status") or {}).get("phase")
+        events = []  # sent after the lock is let go: the lock is the agent's, an API call may take seconds
         with self.lock:
             if meta.get("deletionTimestamp") or phase in ("Succeeded", "Failed"):
                 self._release(uid)
@@ -211,15 +212,17 @@ class KubeNodeAgent:
                 return
             request = pod_request(pod)
             if request.problem:
-                self._event(pod, "TidalBadAnnotation", request.problem, "Warning")
+                events.append(("TidalBadAnnotation", request.problem))
             try:
                 self.agent.admit(request.document)
             except TidalError as exc:
                 self.refused[uid] = str(exc)
-                self._event(pod, "TidalAdmissionFailed", str(exc), "Warning")
-                return
-            self.pods[uid] = request
-            self._apply_cgroups(uid)
+                events.append(("TidalAdmissionFailed", str(exc)))
+            else:
+                self.pods[uid] = request
+                self._apply_cgroups(uid)
+        for reason, message in events:
+            self._event(pod, reason, message, "Warning")
 
     def _apply_cgroups(self, uid: str) -> None:
         request = self.pods[uid]
