@@ -25,10 +25,19 @@ def test_one_short_round_reports_every_scenario_and_removes_what_it_made():
     report = net_isolation.run(link_mbps=50, seconds=1.0, repeats=1, rr_rate=200)
     assert set(report["scenarios"]) == {"none", "tidal", "tidal_shaper_only"}
     assert report["samples"]["unloaded"] >= 150 and report["unloaded"]["p99_us"] > 0
+    assert len(report["unloaded"]["p99_us_by_round"]) == 1 and 0 <= report["unloaded"]["over_1ms"] < 1
     for name, row in report["scenarios"].items():
         assert report["samples"][name] >= 150, name
+        assert row["p99_us_by_round"] == [row["p99_us"]]  # one round: its p99 is the pooled one
         assert row["offline_mbps"] > 5, (name, row)  # the flood ran and the sink counted it
         assert row["p99_ratio"] == pytest.approx(row["p99_us"] / report["unloaded"]["p99_us"], rel=1e-2)
+        left = report["link_mbps"] - 200 * net_isolation.RR_BYTES * 8 / 1e6
+        assert row["offline_share"] == pytest.approx(row["offline_wire_mbps"] / left, abs=2e-3)
+        assert row["offline_goodput_share"] == pytest.approx(row["offline_mbps"] / left, abs=2e-3)
+    # counted off the link's queue, the flood's frames are its payload plus 66 bytes of headers per
+    # full segment of 1448 (1514 / 1448 = 1.046); with Tidal nothing is dropped, so nothing resent
+    tidal = report["scenarios"]["tidal"]
+    assert 1.03 < tidal["offline_wire_mbps"] / tidal["offline_mbps"] < 1.07, tidal
     assert report["classifier"].startswith("nft socket cgroupv2")
     if os.path.exists("/dev/cpu_dma_latency"):
         assert report["pm_qos"] == {"held": True, "max_us": 0}
