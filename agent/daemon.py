@@ -30,14 +30,15 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Dict, List, Optional
 
 from agent.errors import AdmissionError, TidalError
-from agent.isolation.cgroups.desired import CgroupOptions, desired_tree
+from agent.isolation.cgroups.desired import CgroupOptions, desired_tree, harvests
 from agent.isolation.cgroups.detect import CgroupError, detect
 from agent.isolation.cgroups.driver import CgroupDriver, KernelCgroups
 from agent.isolation.cgroups.layout import workload_path
 from agent.isolation.cgroups.reconcile import Reconciler, ReconcileReport
 from agent.isolation.cgroups.recover import recover_state
-from agent.qrm.model import Allocation, QoS, Rejection
-from agent.qrm.policy import State, _layout, allocate, effective_cpus, pools, release
+from agent.qrm.assignment import assignment, reclaimed_cpus
+from agent.qrm.model import LOCAL, SOURCES, Allocation, QoS, Rejection
+from agent.qrm.policy import State, _layout, allocate, pools, release
 from agent.qrm.requests import parse_request
 from agent.qrm.state import CheckpointStore
 from agent.lending import OFFLINE, TO_OFFLINE, TO_ONLINE, NodeLending, TransitionError, parse_notice
@@ -135,6 +136,9 @@ class Agent:
         self.pusher = None
         self.net = None  # NetShaper when config.net is set
         self.on_started: Optional[Callable[[], None]] = None  # e.g. the Kubernetes pod source
+        # where the processes of workloads from other sources live (a pod's cgroups, parent first);
+        # a local workload's live in its leaf of Tidal's tree and have no entry here
+        self.placements: Dict[str, tuple] = {}
         if config.push_command or config.push_url:
             from agent.reporter.push import Pusher
 
@@ -144,7 +148,7 @@ class Agent:
         self._stop = threading.Event()
         self._last_verify = -1e18
         self._reconciled_key = None
-        self._paths = (None, {})
+        self._paths = (None, {}, {})
         self._pools_memo = (None, None)
         self._last_watch = -1e18
         self._last_usage = -1e18
@@ -276,12 +280,13 @@ class Agent:
                               reclaimed_cap_millicpu=cap, reclaimed_memory_max=memory)
             # the state object itself, compared by identity (an id() could be reused once freed)
             last = self._reconciled_key
-            unchanged = last is not None and last[0] is self.state and last[1] == options
+            unchanged = (last is not None and last[0] is self.state and last[1] == options
+                         and last[2] == self.placements and not self.placements)
             if not verify and unchanged and self.last_report is not None:
                 return ReconcileReport()  # nothing changed since the last pass: no work at all
-            self._reconciled_key = (self.state, options)
+            self._reconciled_key = (self.state, options, dict(self.placements))
             pool = self._pools()
-            specs = desired_tree(self.topology, self.state, pool, options, self.driver.features)
+            specs = desired_tree(self.topology, self.state, pool, options, self.driver.features, self.placements)
             report = self.reconciler.apply(specs, verify=verify)
             self.last_reconcile_ms = (time.perf_counter() - start) * 1000
             self.counters["reconciles"] += 1
@@ -300,7 +305,11 @@ class Agent:
         self.store.save(state, self.topology)
         self.state = state
 
-    def admit(self, doc: Any) -> Dict[str, Any]:
+    def admit(self, doc: Any, source: str = LOCAL) -> Dict[str, Any]:
+        """Admit a request from ``source`` (see ``qrm.model.SOURCES``): the source, not Tidal's
+        tree, later says when the workload is gone."""
+        if source not in SOURCES:
+            raise ValueError(f"unknown workload source {source!r}")
         request = parse_request(doc)  # AdmissionError -> 400
         with self.lock:
             node = self.lending.current.state
@@ -314,6 +323,7 @@ class Agent:
                 if "already in use" in decision.reason:
                     raise Conflict(decision.reason)
                 raise Unfit(f"{decision.name}: {decision.reason}")
+            decision = replace(decision, source=source)
             self._commit(self._with_capacity(self.state.with_allocation(decision)))
             self.created_at[decision.name] = time.monotonic()
             self.seen_procs[decision.name] = False
@@ -330,9 +340,31 @@ class Agent:
             if self.state.get(name) is None:
                 raise NotFound(f"no workload named {name!r}")
             self._commit(self._with_capacity(release(self.state, name)))
+            self.placements.pop(name, None)
             self.seen_procs.pop(name, None)
             self.created_at.pop(name, None)
             self.reconcile()
+
+    def place(self, name: str, paths) -> None:
+        """Say where a workload's processes live (cgroups its source's owner made, parent first,
+        e.g. a pod's cgroup then its containers'); the Reconciler writes its assignment there
+        from now on. Only for workloads of a source other than ``local``."""
+        paths = tuple(paths)
+        with self.lock:
+            alloc = self.state.get(name)
+            if alloc is None:
+                raise NotFound(f"no workload named {name!r}")
+            if alloc.source == LOCAL:
+                raise Conflict(f"{name} is a local workload: its processes live in Tidal's tree")
+            if self.placements.get(name) != paths:
+                self.placements[name] = paths
+                self.reconcile()
+
+    def cgroups_of(self, alloc: Allocation) -> tuple:
+        """The cgroups a workload's processes live in: its placement, else its leaf in Tidal's tree."""
+        if alloc.source != LOCAL:
+            return self.placements.get(alloc.name, ())
+        return (workload_path(self.config.cgroup_base, alloc),)
 
     def attach(self, name: str, pid: Any) -> Dict[str, Any]:
         if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0:
@@ -341,6 +373,8 @@ class Agent:
             alloc = self.state.get(name)
             if alloc is None:
                 raise NotFound(f"no workload named {name!r}")
+            if alloc.source != LOCAL:
+                raise Conflict(f"{name} is a {alloc.source} workload: its processes are placed by its source")
             try:
                 self.driver.move(workload_path(self.config.cgroup_base, alloc), pid)
             except CgroupError as exc:
@@ -352,19 +386,17 @@ class Agent:
 
     def describe(self, alloc: Allocation, pool=None) -> Dict[str, Any]:
         pool = pool or self._pools()
-        path = workload_path(self.config.cgroup_base, alloc)
-        cpus = effective_cpus(self.topology, self.state, alloc, pool)
-        if alloc.qos is QoS.RECLAIMED:
-            from agent.isolation.cgroups.desired import reclaimed_cpus
-
-            cpus = reclaimed_cpus(pool, self._harvests_shared())
+        given = assignment(self.topology, alloc, pool, self._harvests_shared())
+        paths = self.cgroups_of(alloc)
+        path = paths[0] if paths else None
         return {
-            "name": alloc.name, "qos": alloc.qos.value, "millicpu": alloc.millicpu,
-            "cpus": format_cpulist(cpus), "mems": format_cpulist(alloc.mems),
+            "name": alloc.name, "qos": alloc.qos.value, "millicpu": alloc.millicpu, "source": alloc.source,
+            "cpus": format_cpulist(given.cpus), "mems": format_cpulist(given.mems),
             "tier": alloc.tier.value if alloc.qos is QoS.RECLAIMED else None,
             "numa_binding": alloc.numa_binding, "numa_exclusive": alloc.numa_exclusive, "gpus": list(alloc.gpus),
-            "cgroup": path, "cgroup_dirs": self.driver.where(path), "pids": self.driver.procs(path),
-            "usage_millicpu": self.usage.get(path),
+            "cgroup": path, "cgroups": list(paths), "cgroup_dirs": self.driver.where(path) if path else {},
+            "pids": sorted({pid for p in paths for pid in self.driver.procs(p)}),
+            "usage_millicpu": self.usage.get(path) if path else None,
         }
 
     def workloads(self) -> List[Dict[str, Any]]:
@@ -410,8 +442,10 @@ class Agent:
         epoch = time.time() if epoch is None else epoch
         with self.lock:
             base = self.config.cgroup_base
-            if self._paths[0] is not self.state:
-                self._paths = (self.state, {a.name: workload_path(base, a) for a in self.state.allocations})
+            if self._paths[0] is not self.state or self._paths[2] != self.placements:
+                # the cgroup each workload's usage is read from: its leaf, or the first of its placement
+                self._paths = (self.state, {a.name: self.cgroups_of(a)[0] for a in self.state.allocations
+                                            if self.cgroups_of(a)}, dict(self.placements))
             paths = self._paths[1]
             watch = now - self._last_watch >= self.config.watch_period
             per_workload = now - self._last_usage >= self.config.usage_period
@@ -426,7 +460,7 @@ class Agent:
             if watch:
                 self._last_watch = now
                 self._release_empty(paths, now)
-                live = set(aggregates) | {workload_path(base, a) for a in self.state.allocations}
+                live = set(aggregates) | set(paths.values())
                 self.sampler.forget(live)
                 self.usage = {p: v for p, v in self.usage.items() if p in live}
             if self.config.resize and sample is not None:
@@ -489,8 +523,8 @@ class Agent:
     def _release_empty(self, paths: Dict[str, str], now: float) -> None:
         state = self.state
         for alloc in list(state.allocations):
-            if alloc.qos is QoS.SYSTEM:
-                continue
+            if alloc.qos is QoS.SYSTEM or alloc.source != LOCAL:
+                continue  # another source (the API server, for a pod) says when it is gone
             procs = self.driver.procs(paths[alloc.name])
             if procs:
                 self.seen_procs[alloc.name] = True
@@ -517,7 +551,7 @@ class Agent:
             self._commit(self.state.with_reclaim_cpus(target))
 
     def _harvests_shared(self) -> bool:
-        return bool(self.driver.features.get("cpu.idle")) and self.config.cgroup_options.harvest_shared
+        return harvests(self.config.cgroup_options, self.driver.features)
 
     def _memory_total(self) -> int:
         """The node's memory: /proc/meminfo on the live host (node meminfo can lag
@@ -593,8 +627,7 @@ class Agent:
             self._commit(state)
 
     def _evict(self, alloc: Allocation, reason: str, epoch: Optional[float] = None) -> None:
-        path = workload_path(self.config.cgroup_base, alloc)
-        pids = self.driver.kill(path, self.kill_signal)
+        pids = [pid for path in self.cgroups_of(alloc) for pid in self.driver.kill(path, self.kill_signal)]
         record = {"name": alloc.name, "qos": alloc.qos.value, "tier": alloc.tier.value if alloc.qos is QoS.RECLAIMED
                   else None, "millicpu": alloc.millicpu, "reason": reason, "pids": pids,
                   "at": time.time() if epoch is None else epoch}
@@ -604,6 +637,7 @@ class Agent:
             self.evictions_by_tier[alloc.tier.value] += 1
         log.warning("evicted %s (%s, %d pids): %s", alloc.name, record["tier"] or alloc.qos.value, len(pids), reason)
         self._commit(self.state.without(alloc.name))
+        self.placements.pop(alloc.name, None)
         self.seen_procs.pop(alloc.name, None)
         self.created_at.pop(alloc.name, None)
 
@@ -648,8 +682,6 @@ class Agent:
 
     def capacity_doc(self) -> Dict[str, Any]:
         with self.lock:
-            from agent.isolation.cgroups.desired import reclaimed_cpus
-
             cap = self.capacity or Capacity(0, 0, "requests")
             node = self.lending.current
             pool = self._pools()

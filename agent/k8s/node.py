@@ -6,8 +6,15 @@
   its last state and catches up when it comes back). A pod is admitted once
   (``pods.pod_request``), released when it ends or is deleted. A pod that
   cannot be admitted, or whose annotations are malformed, gets an event.
-* Cgroups: each admitted pod's allocation is written to the pod's own cgroups
-  in the kubelet's layout (``KubeletCgroups``), through the agent's driver.
+* Liveness: a pod's allocation is released when the API server says the pod
+  was deleted or finished, never because a Tidal cgroup is empty (the agent
+  admits it with source ``kubernetes``). A restarted agent adopts the pods'
+  allocations from its checkpoint, and releases only those no listed pod
+  claims, after its first full list.
+* Cgroups: none written here. Each pod's processes live in the kubelet's
+  cgroups (``KubeletLayout``); the node agent tells the agent where
+  (``Agent.place``) and the agent's one Reconciler writes the pod's
+  assignment there, as it does for every workload.
 * Reports: a NodeResourceTopology by server-side apply, and the reclaimed
   capacity as extended resources in the node's status, on change and every
   ``resync``.
@@ -22,11 +29,12 @@ import json
 import logging
 import threading
 import time
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Tuple
 
 from agent.errors import TidalError
 from agent.k8s import timeouts
 from agent.k8s.pods import RECLAIMED_CPU, RECLAIMED_MEMORY, PodRequest, pod_request
+from agent.qrm.model import KUBERNETES
 from agent.reporter.nrt import GROUP, PLURAL, VERSION, build_nrt, check_crd
 
 log = logging.getLogger("tidal.k8s")
@@ -39,73 +47,35 @@ class KubeError(TidalError):
     """The Kubernetes side is missing something the agent needs (a CRD, the node)."""
 
 
-class KubeletCgroups:
-    """Writes allocations into the pods' cgroups where the kubelet made them.
+class KubeletLayout:
+    """Where the kubelet puts a pod's processes: the pod's cgroup, then its containers'.
 
     ``driver``: ``cgroupfs`` (``kubepods/burstable/pod<uid>/<id>``) or ``systemd``
     (``kubepods.slice/...-pod<uid_>.slice/<runtime>-<id>.scope``), detected from
-    which of ``kubepods`` / ``kubepods.slice`` exists unless given.
+    which of ``kubepods`` / ``kubepods.slice`` exists unless given. Only paths:
+    the agent's Reconciler writes them (``Agent.place``), once the kubelet made them.
     """
 
     def __init__(self, cgroups, driver: Optional[str] = None) -> None:
-        self.cgroups = cgroups
         self.driver = driver or self.detect(cgroups)
-        self.written: Dict[str, Dict[str, str]] = {}
 
     @staticmethod
     def detect(cgroups) -> str:
-        if cgroups.exists("kubepods.slice"):
-            return "systemd"
-        return "cgroupfs"
+        present = getattr(cgroups, "present", cgroups.exists)
+        return "systemd" if present("kubepods.slice") else "cgroupfs"
 
-    def apply(self, pod: Dict[str, Any], request: PodRequest, alloc, pools, topology) -> Dict[str, str]:
+    def paths(self, pod: Dict[str, Any], request: PodRequest) -> Tuple[str, ...]:
         from agent.isolation.cgroups.layout import kubelet_container_path, kubelet_pod_path
-        from agent.qrm.model import QoS
-        from agent.topology.parse import format_cpulist
 
-        every_node = topology.numa_ids()
-        if alloc.qos is QoS.DEDICATED:
-            cpus, mems = alloc.cpus, alloc.mems or every_node
-        elif alloc.qos is QoS.RECLAIMED:
-            cpus, mems = pools.reclaimed or pools.shared, every_node
-        elif alloc.qos is QoS.SYSTEM:
-            cpus, mems = tuple(sorted(set(pools.shared) | set(pools.reserved))), every_node
-        else:
-            cpus, mems = pools.shared, every_node
-        values = {"cpuset.cpus": format_cpulist(cpus), "cpuset.mems": format_cpulist(mems)}
         paths = [kubelet_pod_path(self.driver, request.qos_class, request.uid)]
         for status in (pod.get("status") or {}).get("containerStatuses") or []:
             if status.get("containerID"):
-                paths.append(kubelet_container_path(self.driver, request.qos_class, request.uid,
-                                                    status["containerID"]))
-        # the kubelet makes these cgroups when it starts the pod: until then there is nothing to write
-        paths = [p for p in paths if self.cgroups.exists(p)]
-        if not paths or all(self.written.get(p) == values for p in paths):
-            return {"paths": paths, **values}
-        from agent.topology.parse import parse_cpulist
-
-        # v1 cpusets nest: a child's cpus must stay inside its parent's at every step. Widen
-        # the pod to old | new, set the containers, then narrow the pod to new.
-        old = self.written.get(paths[0], {})
-        if old and paths[0] == kubelet_pod_path(self.driver, request.qos_class, request.uid):
-            union = {k: format_cpulist(set(parse_cpulist(old[k])) | set(parse_cpulist(v))) for k, v in values.items()}
-            self._write(paths[0], union, alloc)
-        for path in paths[1:] + paths[:1]:
-            self._write(path, values, alloc)
-        return {"paths": paths, **values}
-
-    def _write(self, path: str, values: Dict[str, str], alloc) -> None:
-        from agent.qrm.model import QoS
-
-        for knob in ("cpuset.mems", "cpuset.cpus") if "cpuset.mems" in values else values:
-            self.cgroups.write("cpuset", path, knob, values[knob])
-        if alloc.qos is QoS.RECLAIMED and self.cgroups.features.get("cpu.idle"):
-            self.cgroups.write("cpu", path, "cpu.idle", "1")
-        self.written[path] = dict(values)
-
-    def forget(self, request: PodRequest) -> None:
-        self.written = {p: v for p, v in self.written.items() if f"pod{request.uid}" not in p
-                        and f"pod{request.uid.replace('-', '_')}" not in p}
+                try:
+                    paths.append(kubelet_container_path(self.driver, request.qos_class, request.uid,
+                                                        status["containerID"]))
+                except ValueError as exc:  # a runtime whose layout Tidal does not know: the pod cgroup still holds it
+                    log.debug("pod %s: %s", request.workload, exc)
+        return tuple(paths)
 
 
 class KubeNodeAgent:
@@ -121,7 +91,7 @@ class KubeNodeAgent:
         self.resync = resync
         self.report_period = report_period
         self.notice = notice
-        self.cgroups = KubeletCgroups(agent.driver, kubelet_driver)
+        self.layout = KubeletLayout(agent.driver, kubelet_driver)
         self.pods: Dict[str, PodRequest] = {}  # uid -> request (admitted)
         self.pod_docs: Dict[str, Dict[str, Any]] = {}
         self.refused: Dict[str, str] = {}  # uid -> why (event recorded once)
@@ -175,6 +145,7 @@ class KubeNodeAgent:
                 with self.lock:
                     for uid in [u for u in self.pods if u not in seen]:
                         self._release(uid)
+                    self._release_unclaimed()
                 stream = watch.Watch()
                 for event in stream.stream(self.core.list_pod_for_all_namespaces, field_selector=selector,
                                            resource_version=listing.metadata.resource_version,
@@ -208,42 +179,55 @@ class KubeNodeAgent:
             self.pod_docs[uid] = pod
             if uid in self.pods or uid in self.refused:
                 if uid in self.pods:
-                    self._apply_cgroups(uid)
+                    self._place(uid)
                 return
             request = pod_request(pod)
+            held = self.agent.state.get(request.workload)
+            if held is not None and held.source == KUBERNETES:
+                self.pods[uid] = request  # admitted before a restart: kept, not admitted again
+                self._place(uid)
+                return
             if request.problem:
                 events.append(("TidalBadAnnotation", request.problem))
             try:
-                self.agent.admit(request.document)
+                self.agent.admit(request.document, source=KUBERNETES)
             except TidalError as exc:
                 self.refused[uid] = str(exc)
                 events.append(("TidalAdmissionFailed", str(exc)))
             else:
                 self.pods[uid] = request
-                self._apply_cgroups(uid)
+                self._place(uid)
         for reason, message in events:
             self._event(pod, reason, message, "Warning")
 
-    def _apply_cgroups(self, uid: str) -> None:
+    def _place(self, uid: str) -> None:
+        """Tell the agent where the pod's processes live (its containers appear as they start)."""
         request = self.pods[uid]
-        alloc = self.agent.state.get(request.workload)
-        if alloc is None:
+        if self.agent.state.get(request.workload) is None:
             return
-        try:
-            self.cgroups.apply(self.pod_docs.get(uid, {}), request, alloc, self.agent._pools(), self.agent.topology)
-        except Exception as exc:  # noqa: BLE001 - a pod cgroup not there yet (kubelet still starting it)
-            log.debug("pod %s cgroups: %s", request.workload, exc)
+        self.agent.place(request.workload, self.layout.paths(self.pod_docs.get(uid, {}), request))
 
     def _release(self, uid: str) -> None:
         self.refused.pop(uid, None)
         self.pod_docs.pop(uid, None)
         request = self.pods.pop(uid, None)
         if request is not None:
-            self.cgroups.forget(request)
             try:
                 self.agent.release(request.workload)
             except TidalError:
                 pass
+
+    def _release_unclaimed(self) -> None:
+        """After a full list: pod allocations no listed pod claims (deleted while the agent
+        was down or the watch was broken) are released; local workloads are not this source's."""
+        claimed = {request.workload for request in self.pods.values()}
+        for alloc in list(self.agent.state.allocations):
+            if alloc.source == KUBERNETES and alloc.name not in claimed:
+                log.info("releasing %s: no pod on %s claims it", alloc.name, self.node)
+                try:
+                    self.agent.release(alloc.name)
+                except TidalError:
+                    pass
 
     def _event(self, pod: Dict[str, Any], reason: str, message: str, kind: str = "Normal") -> None:
         meta = pod["metadata"]
@@ -263,9 +247,6 @@ class KubeNodeAgent:
     def _report_loop(self) -> None:
         while not self.stop.wait(self.report_period):
             try:
-                with self.lock:  # pods whose cgroups the kubelet made since (or whose pools moved)
-                    for uid in list(self.pods):
-                        self._apply_cgroups(uid)
                 self.follow_node_label()
                 self.publish()
             except Exception as exc:  # noqa: BLE001

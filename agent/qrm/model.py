@@ -37,6 +37,14 @@ class Tier(str, enum.Enum):
 
 EVICTION_ORDER = (Tier.LOW, Tier.MIN, Tier.HIGH)
 
+# Workload sources: each decides when its workloads are gone. A local workload (the API,
+# ``tidal run``) is gone when its cgroup in Tidal's tree stayed empty; a Kubernetes pod
+# when the API server says it was deleted or finished, never because a Tidal cgroup is
+# empty (its processes live in the kubelet's cgroups).
+LOCAL = "local"
+KUBERNETES = "kubernetes"
+SOURCES = (LOCAL, KUBERNETES)
+
 
 @dataclass(frozen=True)
 class Request:
@@ -78,13 +86,14 @@ class Allocation:
     numa_exclusive: bool = False
     reclaim_allowed: bool = False
     tier: Tier = Tier.LOW
+    source: str = LOCAL  # who decides when it is gone (see SOURCES)
 
     def to_dict(self) -> Dict[str, object]:
         return {
             "name": self.name, "qos": self.qos.value, "millicpu": self.millicpu, "cpus": list(self.cpus),
             "mems": list(self.mems), "nodes": list(self.nodes), "gpus": list(self.gpus),
             "numa_binding": self.numa_binding, "numa_exclusive": self.numa_exclusive,
-            "reclaim_allowed": self.reclaim_allowed, "tier": self.tier.value,
+            "reclaim_allowed": self.reclaim_allowed, "tier": self.tier.value, "source": self.source,
         }
 
     @classmethod
@@ -95,6 +104,7 @@ class Allocation:
             nodes=tuple(int(n) for n in data.get("nodes", ())), gpus=tuple(str(g) for g in data.get("gpus", ())),
             numa_binding=bool(data.get("numa_binding", False)), numa_exclusive=bool(data.get("numa_exclusive", False)),
             reclaim_allowed=bool(data.get("reclaim_allowed", False)), tier=Tier(data.get("tier", "low")),
+            source=str(data.get("source", LOCAL)),
         )
 
 

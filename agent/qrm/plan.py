@@ -10,7 +10,8 @@ import string
 from typing import Dict, List, Sequence, Tuple
 
 from agent.qrm.model import Pools, QoS, Rejection, Request
-from agent.qrm.policy import State, allocate, effective_cpus, pools
+from agent.qrm.assignment import assignment
+from agent.qrm.policy import State, allocate, pools
 from agent.topology import Topology
 from agent.topology.parse import format_cpulist
 
@@ -27,11 +28,14 @@ def run_plan(topo: Topology, state: State, requests: Sequence[Request]) -> Tuple
 
 
 def plan_report(topo: Topology, state: State, rejected: Sequence[Rejection]) -> Dict[str, object]:
+    """What each workload would get (``qrm.assignment``; reclaimed work on its own pool, as on a
+    kernel without ``cpu.idle``: a plan does not know the node's kernel)."""
     pool = pools(topo, state)
     assignments = []
     for alloc in state.allocations:
-        entry = {"name": alloc.name, "qos": alloc.qos.value, "cpus": list(effective_cpus(topo, state, alloc, pool)),
-                 "mems": list(alloc.mems), "millicpu": alloc.millicpu}
+        given = assignment(topo, alloc, pool, harvest=False)
+        entry = {"name": alloc.name, "qos": alloc.qos.value, "cpus": list(given.cpus),
+                 "mems": list(given.mems), "millicpu": alloc.millicpu}
         if alloc.gpus:
             entry["gpus"] = list(alloc.gpus)
         if alloc.qos is QoS.RECLAIMED:

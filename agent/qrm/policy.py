@@ -430,15 +430,3 @@ def release(state: State, name: str) -> State:
     if state.get(name) is None:
         raise AdmissionError(f"no workload named {name!r}")
     return state.without(name)
-
-
-def effective_cpus(topo: Topology, state: State, alloc: Allocation, pool: Optional[Pools] = None) -> Tuple[int, ...]:
-    """The cpus a workload runs on now: its own (dedicated) or its pool's."""
-    if alloc.qos is QoS.DEDICATED:
-        return alloc.cpus
-    pool = pool or pools(topo, state)
-    if alloc.qos is QoS.SYSTEM:
-        return pool.reserved or pool.shared
-    if alloc.qos is QoS.SHARED:
-        return pool.shared
-    return pool.reclaimed

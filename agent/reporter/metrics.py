@@ -48,12 +48,11 @@ class AgentCollector(Collector):
                                       labels=["workload", "qos"])
             requested = GaugeMetricFamily("tidal_workload_request_millicpu", "cpu each workload asked for",
                                           labels=["workload", "qos"])
-            from agent.isolation.cgroups.layout import workload_path
-
             for alloc in state.allocations:
                 labels = [alloc.name, alloc.qos.value]
                 requested.add_metric(labels, alloc.millicpu)
-                value = agent.usage.get(workload_path(agent.config.cgroup_base, alloc))
+                where = agent.cgroups_of(alloc)
+                value = agent.usage.get(where[0]) if where else None
                 if value is not None:
                     usage.add_metric(labels, value)
             yield usage

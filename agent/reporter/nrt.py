@@ -29,6 +29,7 @@ import time
 from typing import Any, Dict, Iterable, List, Mapping, Optional
 
 from agent.k8s import timeouts
+from agent.qrm.assignment import assignment
 from agent.qrm.model import QoS
 
 GROUP, VERSION, PLURAL = "topology.node.k8s.io", "v1alpha2", "noderesourcetopologies"
@@ -59,12 +60,14 @@ def build_nrt(node: str, topology, state, pools, pod_memory: Mapping[str, int], 
     gpu_used: Dict[int, int] = {}
     dedicated: Dict[int, int] = {}
     for alloc in state.allocations:
-        for cpu in alloc.cpus:
-            numa = topology.numa_of(cpu)
-            dedicated[numa] = dedicated.get(numa, 0) + 1
-        if alloc.mems and alloc.qos is QoS.DEDICATED and (alloc.numa_binding or alloc.nodes):
-            for numa in alloc.mems:
-                memory_used[numa] = memory_used.get(numa, 0.0) + pod_memory.get(alloc.name, 0) / len(alloc.mems)
+        if alloc.qos is QoS.DEDICATED:
+            given = assignment(topology, alloc, pools, harvest=False)  # the one rule: its cpus and mems
+            for cpu in given.cpus:
+                numa = topology.numa_of(cpu)
+                dedicated[numa] = dedicated.get(numa, 0) + 1
+            if alloc.numa_binding and given.mems:
+                for numa in given.mems:
+                    memory_used[numa] = memory_used.get(numa, 0.0) + pod_memory.get(alloc.name, 0) / len(given.mems)
         for pci in alloc.gpus:
             gpu = next((g for g in topology.gpus if g.pci == pci), None)
             if gpu is not None and gpu.numa is not None:

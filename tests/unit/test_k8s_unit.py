@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from agent.daemon import Agent, AgentConfig
 from agent.isolation.cgroups.driver import RecordingCgroups
-from agent.k8s.node import KubeletCgroups
+from agent.k8s.node import KubeletLayout, KubeNodeAgent
 from agent.k8s.pods import pod_request, qos_class, quantity
 from agent.qrm.policy import allocate, initial_state, pools
 from agent.qrm.requests import parse_request
@@ -74,6 +75,14 @@ def test_qos_class_is_computed_when_the_status_does_not_say():
     assert qos_class({"status": {"qosClass": "Burstable"}, "spec": {}}) == "Burstable"
 
 
+def pod_agent(topo, tmp_path, cgroups):
+    """An agent as ``tidal agent --kube-node`` builds it (defaults), on a recording driver."""
+    agent = Agent(AgentConfig(state_dir=str(tmp_path / "state"), socket_path=str(tmp_path / "t.sock"),
+                              reserved_cpus=()), echo=lambda line: None, driver=cgroups, topology=topo)
+    agent.start()
+    return agent
+
+
 @pytest.mark.parametrize("driver, qos, runtime_id, want_pod, want_container", [
     ("cgroupfs", "Burstable", "containerd://abc", "kubepods/burstable/pod0f1e-22", "kubepods/burstable/pod0f1e-22/abc"),
     ("cgroupfs", "Guaranteed", "containerd://abc", "kubepods/pod0f1e-22", "kubepods/pod0f1e-22/abc"),
@@ -83,33 +92,87 @@ def test_qos_class_is_computed_when_the_status_does_not_say():
     ("systemd", "Guaranteed", "cri-o://def", "kubepods.slice/kubepods-pod0f1e_22.slice",
      "kubepods.slice/kubepods-pod0f1e_22.slice/crio-def.scope"),
 ], ids=["cgroupfs-burstable", "cgroupfs-guaranteed", "systemd-containerd", "systemd-crio"])
-def test_allocations_are_written_to_the_kubelet_cgroups(topo_dual_socket_ht, driver, qos, runtime_id, want_pod,
-                                                        want_container):
+def test_allocations_are_written_to_the_kubelet_cgroups(topo_dual_socket_ht, tmp_path, driver, qos, runtime_id,
+                                                        want_pod, want_container):
     cgroups = RecordingCgroups()
     cgroups.create("kubepods.slice" if driver == "systemd" else "kubepods")
     for path in (want_pod, want_container):
         cgroups.create(path)
-    writer = KubeletCgroups(cgroups)
-    assert writer.driver == driver  # detected from the tree
+    layout = KubeletLayout(cgroups)
+    assert layout.driver == driver  # detected from the tree
     spec = pod(cpu="2" if qos == "Guaranteed" else "500m", limits=qos == "Guaranteed")
     spec["status"] = {"qosClass": qos, "containerStatuses": [{"name": "c", "containerID": runtime_id}]}
     request = pod_request(spec)
-    state = initial_state(topo_dual_socket_ht, ())
-    alloc = allocate(topo_dual_socket_ht, state, parse_request(request.document))
-    done = writer.apply(spec, request, alloc, pools(topo_dual_socket_ht, state), topo_dual_socket_ht)
-    assert done["paths"] == [want_pod, want_container]
-    for path in done["paths"]:
-        assert cgroups.files[path][("cpuset", "cpuset.cpus")] == done["cpuset.cpus"]
+    agent = pod_agent(topo_dual_socket_ht, tmp_path, cgroups)
+    agent.admit(request.document, source="kubernetes")
+    assert layout.paths(spec, request) == (want_pod, want_container)
+    agent.place(request.workload, layout.paths(spec, request))
+    described = agent.workloads()[0]
+    assert described["cgroups"] == [want_pod, want_container] and described["source"] == "kubernetes"
+    for path in (want_pod, want_container):  # written by the agent's one Reconciler
+        assert cgroups.files[path][("cpuset", "cpuset.cpus")] == described["cpus"]
+        assert cgroups.files[path][("cpuset", "cpuset.mems")] == described["mems"]
+    assert not cgroups.exists(f"tidal/{'dedicated' if qos == 'Guaranteed' else 'shared'}/{request.workload}")
 
 
-def test_a_pod_cgroup_the_kubelet_has_not_made_yet_is_left_for_later(topo_dual_socket_ht):
+def test_a_pod_cgroup_the_kubelet_has_not_made_yet_is_written_once_it_is_there(topo_dual_socket_ht, tmp_path):
     cgroups = RecordingCgroups()
-    writer = KubeletCgroups(cgroups, "cgroupfs")
+    cgroups.create("kubepods")
+    cgroups.create("kubepods/burstable")
     request = pod_request(pod(cpu="500m", limits=False))
-    state = initial_state(topo_dual_socket_ht, ())
-    alloc = allocate(topo_dual_socket_ht, state, parse_request(request.document))
-    assert writer.apply({}, request, alloc, pools(topo_dual_socket_ht, state), topo_dual_socket_ht)["paths"] == []
-    assert not [op for op in cgroups.ops if op[0] == "write"]
+    agent = pod_agent(topo_dual_socket_ht, tmp_path, cgroups)
+    agent.admit(request.document, source="kubernetes")
+    path = "kubepods/burstable/pod0f1e-22"
+    agent.place(request.workload, (path,))
+    assert not [op for op in cgroups.ops if op[0] in ("write", "create") and op[1].startswith(path)]
+    cgroups.create(path)  # the kubelet starts the pod
+    agent.tick()  # one period
+    assert cgroups.files[path][("cpuset", "cpuset.cpus")] == agent.workloads()[0]["cpus"]
+    assert "tidal/shared/ns.p" not in cgroups.files  # its processes are not in Tidal's tree
+
+
+def test_a_pod_is_kept_while_its_processes_are_in_the_kubelets_cgroups_and_tidals_are_empty(
+        topo_dual_socket_ht, tmp_path):
+    """The defect of #16: the 'empty cgroup' rule of local workloads released pods after 30 s."""
+    cgroups = RecordingCgroups()
+    agent = pod_agent(topo_dual_socket_ht, tmp_path, cgroups)
+    assert agent.config.empty_grace == 30 and agent.config.watch_period == 10  # the shipped settings
+    request = pod_request(pod(cpu="2"))
+    agent.admit(request.document, source="kubernetes")
+    agent.admit({"name": "local", "qos": "shared_cores", "millicpu": 100})
+    start = agent.created_at["local"]
+    for second in range(0, 121, 5):  # two minutes of periods, with nobody's processes in Tidal's tree
+        agent.tick(now=start + second)
+    assert agent.state.names() == [request.workload]  # the local workload's empty cgroup released it; not the pod
+    assert agent.state.get(request.workload).source == "kubernetes"
+
+
+class _NoApi:
+    """The node agent's API objects, never called here (``on_pod`` and relisting use none)."""
+
+    def sanitize_for_serialization(self, obj):
+        return obj
+
+
+def test_a_restarted_node_agent_adopts_its_pods_and_releases_only_unclaimed_ones(topo_dual_socket_ht, tmp_path):
+    cgroups = RecordingCgroups()
+    agent = pod_agent(topo_dual_socket_ht, tmp_path, cgroups)
+    kept, gone = pod(name="kept", cpu="2", uid="u-kept"), pod(name="gone", cpu="2", uid="u-gone")
+    for spec in (kept, gone):
+        agent.admit(pod_request(spec).document, source="kubernetes")
+    agent.admit({"name": "local", "qos": "shared_cores", "millicpu": 100})
+    cpus = agent.state.get("ns.kept").cpus
+    agent.shutdown()
+    # the restart: a new agent from the same state dir, a new node agent that lists pods
+    again = pod_agent(topo_dual_socket_ht, tmp_path, RecordingCgroups())
+    assert set(again.state.names()) == {"ns.kept", "ns.gone", "local"}
+    node = KubeNodeAgent(again, _NoApi(), "n1")
+    node.on_pod(kept)  # listed: adopted, not admitted again (which would refuse the name)
+    assert node.pods["u-kept"].workload == "ns.kept" and not node.refused
+    with node.lock:
+        node._release_unclaimed()  # after the first full list
+    assert set(again.state.names()) == {"ns.kept", "local"}
+    assert again.state.get("ns.kept").cpus == cpus
 
 
 def test_nrt_zones_track_dedicated_numa_bound_workloads(topo_dual_socket_ht):
@@ -206,31 +269,39 @@ def test_prioritize_json_says_what_prioritize_says():
     assert {h["Host"] for h in cache.prioritize(args["Pod"], odd)} == {"n0"}
 
 
-def test_moving_a_pod_to_other_cpus_keeps_containers_inside_the_pod_at_every_step(topo_dual_socket_ht):
+def test_moving_a_pod_to_other_cpus_keeps_containers_inside_the_pod_at_every_step(topo_dual_socket_ht, tmp_path):
     from dataclasses import replace
+
+    from agent.topology.parse import format_cpulist, parse_cpulist
 
     cgroups = RecordingCgroups()
     pod_path, container = "kubepods/pod0f1e-22", "kubepods/pod0f1e-22/abc"
     for path in ("kubepods", pod_path, container):
         cgroups.create(path)
-    writer = KubeletCgroups(cgroups, "cgroupfs")
     spec = pod(cpu="2")
     spec["status"] = {"qosClass": "Guaranteed", "containerStatuses": [{"containerID": "containerd://abc"}]}
     request = pod_request(spec)
-    state = initial_state(topo_dual_socket_ht, ())
-    alloc = allocate(topo_dual_socket_ht, state, parse_request(request.document))
-    pool = pools(topo_dual_socket_ht, state)
-    writer.apply(spec, request, alloc, pool, topo_dual_socket_ht)
+    agent = pod_agent(topo_dual_socket_ht, tmp_path, cgroups)
+    agent.admit(request.document, source="kubernetes")
+    agent.place(request.workload, KubeletLayout(cgroups).paths(spec, request))
+    alloc = agent.state.get(request.workload)
     first = set(alloc.cpus)
     moved = replace(alloc, cpus=tuple(c for c in topo_dual_socket_ht.online_cpus() if c not in first)[:2])
     cgroups.ops.clear()
-    writer.apply(spec, request, moved, pool, topo_dual_socket_ht)
-    cpus_writes = [(op[1], op[4]) for op in cgroups.ops if op[0] == "write" and op[3] == "cpuset.cpus"]
-    from agent.topology.parse import format_cpulist, parse_cpulist
-
-    assert [p for p, _ in cpus_writes] == [pod_path, container, pod_path]  # widen pod, set container, narrow pod
-    assert set(parse_cpulist(cpus_writes[0][1])) == first | set(moved.cpus)
-    assert cpus_writes[2][1] == format_cpulist(moved.cpus)
+    with agent.lock:
+        agent._commit(agent.state.without(alloc.name).with_allocation(moved))
+        agent.reconcile()
+    cpus_writes = [(op[1], op[4]) for op in cgroups.ops if op[0] == "write" and op[3] == "cpuset.cpus"
+                   and op[1].startswith("kubepods/")]
+    assert cpus_writes[0] == (pod_path, format_cpulist(first | set(moved.cpus)))  # the pod widens first
+    held = {pod_path: first, container: first}
+    for path, text in cpus_writes:  # v1 nesting: at every step the container stays inside the pod
+        held[path] = set(parse_cpulist(text))
+        assert held[container] <= held[pod_path], cpus_writes
+    assert held == {pod_path: set(moved.cpus), container: set(moved.cpus)}
+    assert cpus_writes[-1] == (pod_path, format_cpulist(moved.cpus))  # and narrows last
+    # the kubelet's values were saved before the first write: a revert puts them back
+    assert (pod_path, "cpuset", "cpuset.cpus") in agent.reconciler.originals
 
 
 def test_filter_json_says_what_filter_says():

@@ -1,8 +1,19 @@
 """The cgroup tree an allocation state should produce (pure: no I/O).
 
-``desired_tree(topology, state, pools, options)`` returns one ``CgroupSpec``
-per cgroup, parents before children, each with its logical knobs (see
-``knobs``). The reconciler turns the difference into file writes.
+``desired_tree(topology, state, pools, options, features, placements)``
+returns one ``CgroupSpec`` per cgroup, parents before children, each with its
+logical knobs (see ``knobs``). The reconciler turns the difference into file
+writes. What each workload gets comes from ``qrm.assignment`` (the one rule);
+this module only decides *where* it is written:
+
+* a local workload: its leaf in Tidal's tree (``layout.workload_path``);
+* a workload whose processes live elsewhere (a kubelet pod's cgroup and its
+  containers' cgroups: ``placements[name]``, parent first): those cgroups,
+  marked ``external``. The reconciler never creates or removes them, writes
+  them only once their owner made them, saves their original values before
+  its first write and puts them back on revert. Only the cpuset (and
+  ``cpu.idle`` for reclaimed work) is Tidal's there; the weight stays the
+  kubelet's.
 
 Why the reclaimed cpuset is the reclaim pool *plus* the shared and reserved
 pools: where the kernel has ``cpu.idle`` (SCHED_IDLE for a whole cgroup),
@@ -17,19 +28,21 @@ the kernel enforces what offline agents are told.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Mapping, Optional, Sequence
 
-from agent.qrm.model import Allocation, Pools, QoS
+from agent.qrm.assignment import SHARES_PER_CPU, assignment, memory_nodes, reclaimed_cpus, system_cpus
+from agent.qrm.model import KUBERNETES, Allocation, Pools, QoS
 from agent.qrm.policy import State
 from agent.topology import Topology
 from agent.topology.parse import format_cpulist
 
 from agent.isolation.cgroups.layout import TIERS, workload_path
 
+__all__ = ["CgroupOptions", "CgroupSpec", "desired_tree", "reclaimed_cpus", "SHARES_PER_CPU"]
+
 CPU_PERIOD_US = 100_000
 MIN_QUOTA_US = 1_000  # the kernel's minimum cfs quota: 1% of a cpu per period
 TIER_SHARES = {"high": 1024, "min": 256, "low": 64}
-SHARES_PER_CPU = 1024
 
 
 @dataclass(frozen=True)
@@ -46,35 +59,31 @@ class CgroupSpec:
     path: str
     knobs: Dict[str, object] = field(default_factory=dict)
     workload: Optional[str] = None  # the allocation this cgroup belongs to
+    external: bool = False  # made and removed by someone else (the kubelet): written only while it exists
 
 
-def reclaimed_cpus(pools: Pools, harvest: bool) -> Tuple[int, ...]:
-    """Where reclaimed work may run: the reclaim pool; when it ``harvest``s (the
-    kernel has ``cpu.idle`` and the option is on) also the shared and reserved
-    pools, whose idle time it takes at idle priority (never dedicated cpus,
-    unless their owner lends them)."""
-    cpus = set(pools.reclaimed)
-    if harvest:
-        cpus |= set(pools.shared) | set(pools.reserved)
-    if not cpus:  # nothing to lend: park on the reserved (or any shared) cpus, throttled to the minimum
-        cpus = set(pools.reserved or pools.shared or pools.dedicated[:1])
-    return tuple(sorted(cpus))
+def harvests(options: CgroupOptions, features: Mapping[str, bool]) -> bool:
+    """Reclaimed work takes the shared pool's idle time (the kernel has ``cpu.idle`` and the option is on)."""
+    return bool(features.get("cpu.idle")) and options.harvest_shared
 
 
 def desired_tree(topo: Topology, state: State, pools: Pools, options: CgroupOptions,
-                 features: Dict[str, bool]) -> List[CgroupSpec]:
+                 features: Dict[str, bool], placements: Optional[Mapping[str, Sequence[str]]] = None
+                 ) -> List[CgroupSpec]:
     base = options.base
-    mems_all = format_cpulist(n.id for n in topo.numa_nodes if n.cpus or n.memory_bytes)
+    placements = placements or {}
+    mems_all = format_cpulist(memory_nodes(topo))
     online = format_cpulist(topo.online_cpus())
-    system = format_cpulist(pools.reserved or pools.shared)
+    system = format_cpulist(system_cpus(pools))
     shared = format_cpulist(pools.shared)
     dedicated = format_cpulist(pools.dedicated)
     cpu_idle = bool(features.get("cpu.idle"))
-    reclaim_set = reclaimed_cpus(pools, cpu_idle and options.harvest_shared)
+    harvest = harvests(options, features)
+    reclaim_set = reclaimed_cpus(pools, harvest)
     reclaim = format_cpulist(reclaim_set)
     if options.reclaimed_cap_millicpu is not None:
         cap_us = max(MIN_QUOTA_US, options.reclaimed_cap_millicpu * CPU_PERIOD_US // 1000)
-    elif not pools.reclaimed and not (cpu_idle and options.harvest_shared and pools.shared):
+    elif not pools.reclaimed and not (harvest and pools.shared):
         cap_us = MIN_QUOTA_US
     else:
         cap_us = len(reclaim_set) * CPU_PERIOD_US
@@ -97,27 +106,20 @@ def desired_tree(topo: Topology, state: State, pools: Pools, options: CgroupOpti
     ]
     specs += [CgroupSpec(f"{base}/reclaimed/{tier}", {"cpus": reclaim, "mems": mems_all,
                                                       "cpu_shares": TIER_SHARES[tier]}) for tier in TIERS]
+    external: List[CgroupSpec] = []
     for alloc in state.allocations:
-        spec = _workload_spec(base, alloc, mems_all, shared, reclaim)
-        if spec is not None:
-            specs.append(spec)
-    return specs
-
-
-def _workload_spec(base: str, alloc: Allocation, mems_all: str, shared: str, reclaim: str) -> Optional[CgroupSpec]:
-    path = workload_path(base, alloc)
-    if alloc.qos is QoS.SYSTEM:
-        return None  # system workloads share tidal/system
-    if alloc.qos is QoS.DEDICATED:
-        mems = format_cpulist(alloc.mems) if alloc.numa_binding else mems_all
-        return CgroupSpec(path, {"cpus": format_cpulist(alloc.cpus), "mems": mems,
-                                 "cpu_shares": len(alloc.cpus) * SHARES_PER_CPU}, alloc.name)
-    if alloc.qos is QoS.SHARED:
-        # the kubelet's unit: shares = millicpu * 1024 / 1000, which recovery reads back
-        return CgroupSpec(path, {"cpus": shared, "mems": mems_all,
-                                 "cpu_shares": max(2, alloc.millicpu * SHARES_PER_CPU // 1000)}, alloc.name)
-    # reclaimed: weighted by its request like a YARN container (shares, which recovery
-    # reads back), capped as a whole by the reclaimed parent's quota, not one by one:
-    # offline work may use what the capacity allows, as idle time comes and goes
-    return CgroupSpec(path, {"cpus": reclaim, "mems": mems_all,
-                             "cpu_shares": max(2, alloc.millicpu * SHARES_PER_CPU // 1000)}, alloc.name)
+        if alloc.qos is QoS.SYSTEM:
+            continue  # system workloads share tidal/system
+        given = assignment(topo, alloc, pools, harvest)
+        knobs: Dict[str, object] = {"cpus": format_cpulist(given.cpus), "mems": format_cpulist(given.mems)}
+        paths = placements.get(alloc.name)
+        if paths is not None or alloc.source == KUBERNETES:
+            # where the kubelet (or runtime) put its processes; nothing until it made them
+            if given.cpu_idle and cpu_idle:
+                knobs["cpu_idle"] = 1
+            external += [CgroupSpec(path, dict(knobs), alloc.name, external=True) for path in paths or ()]
+            continue
+        if given.cpu_shares is not None:
+            knobs["cpu_shares"] = given.cpu_shares
+        specs.append(CgroupSpec(workload_path(base, alloc), knobs, alloc.name))
+    return specs + external

@@ -25,6 +25,7 @@ class CgroupDriver(Protocol):
     features: Dict[str, bool]
 
     def exists(self, path: str) -> bool: ...
+    def present(self, path: str) -> bool: ...
     def create(self, path: str) -> None: ...
     def remove(self, path: str) -> None: ...
     def read(self, controller: str, path: str, file: str) -> Optional[str]: ...
@@ -102,6 +103,12 @@ class KernelCgroups:
 
     def exists(self, path: str) -> bool:
         return all(os.path.isdir(self._dir(c, path)) for c in self._distinct)
+
+    def present(self, path: str) -> bool:
+        """A cgroup someone else made (the kubelet's) exists where its cpuset is: v1's cpuset
+        hierarchy, v2's tree (others do not mirror their cgroups in the hybrid cgroup2 tree)."""
+        controller = "" if self.version == 2 else ("cpuset" if "cpuset" in self.bases else self._distinct[0])
+        return os.path.isdir(self._dir(controller, path))
 
     def create(self, path: str) -> None:
         for controller in self._distinct:
@@ -312,6 +319,8 @@ class RecordingCgroups:
 
     def exists(self, path: str) -> bool:
         return path in self.files
+
+    present = exists
 
     def create(self, path: str) -> None:
         if path not in self.files:

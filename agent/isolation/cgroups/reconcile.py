@@ -19,7 +19,10 @@ stops half-way silently.
 
 Files of cgroups Tidal did not create (the kubelet's, in Kubernetes mode)
 have their original values saved before the first write, so ``revert``
-restores exactly what was found.
+restores exactly what was found. Such ``external`` cgroups are never created
+or removed here: they are written once their owner made them (checked every
+pass, so a pod cgroup the kubelet makes later is written within one period),
+and forgotten (last values, originals) once they are no longer wanted or gone.
 """
 
 from __future__ import annotations
@@ -125,12 +128,21 @@ class Reconciler:
         as the last applied ones, nothing is read or written: the kernel is taken
         to hold what Tidal last wrote (the caller verifies every so often, which
         is when drift made by others is found and repaired)."""
+        present = getattr(self.driver, "present", self.driver.exists)
+        specs = [spec for spec in specs if not spec.external or present(spec.path)]
         fingerprint = tuple((spec.path, tuple(sorted((k, repr(v)) for k, v in spec.knobs.items()))) for spec in specs)
         if not verify and fingerprint == self._applied:
             return ReconcileReport()
         report = self._apply(specs)
+        self._forget_external({spec.path for spec in specs if spec.external})
         self._applied = fingerprint if report.ok else None
         return report
+
+    def _forget_external(self, wanted: Set[str]) -> None:
+        """Others' cgroups Tidal no longer writes (a pod that ended): drop what was kept of them."""
+        for table in (self.last, self.originals):
+            for key in [k for k in table if k[0] not in wanted and not self._ours(k[0])]:
+                del table[key]
 
     def _apply(self, specs: List[CgroupSpec]) -> ReconcileReport:
         self._cache: Dict[Key, Optional[str]] = {}
@@ -147,7 +159,7 @@ class Reconciler:
                     self._remove(report, path)
         # 2. create, parents first
         for spec in specs:
-            if not self.driver.exists(spec.path):
+            if not spec.external and not self.driver.exists(spec.path):
                 try:
                     self.driver.create(spec.path)
                     self.created.add(spec.path)
