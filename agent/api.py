@@ -32,6 +32,7 @@ from typing import Any, Dict, Optional, Tuple
 from urllib.parse import urlsplit
 
 from agent.errors import AdmissionError, TidalError
+from contracts.capacity import render_capacity
 
 log = logging.getLogger("tidal.api")
 MAX_BODY = 1 << 20
@@ -186,25 +187,6 @@ def _capacity(agent, raw_path: str) -> Any:
     else:
         doc = agent.capacity_doc()
     return render_capacity(doc, fmt)
-
-
-def render_capacity(doc: Dict[str, Any], fmt: str) -> Any:
-    """The capacity in the shape an offline system takes.
-
-    * yarn: the body of ``yarn rmadmin -updateNodeResource`` / the RM's node
-      resource REST call: whole vcores and memory in MB.
-    * mesos: revocable scalar resources, as a resource estimator reports them.
-    """
-    reclaimed = doc["reclaimed"]
-    if fmt == "yarn":
-        return {"vcores": reclaimed["millicpu"] // 1000, "memory-mb": reclaimed["memory_bytes"] // (1024 * 1024)}
-    if fmt == "mesos":
-        return {"resources": [
-            {"name": "cpus", "type": "SCALAR", "scalar": {"value": reclaimed["millicpu"] / 1000.0}, "revocable": {}},
-            {"name": "mem", "type": "SCALAR", "scalar": {"value": float(reclaimed["memory_bytes"] // (1024 * 1024))},
-             "revocable": {}},
-        ]}
-    return doc
 
 
 class _UnixServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):

@@ -366,7 +366,7 @@ def capacity(socket_path: str, fmt: str, watch: bool, as_json: bool) -> None:
 
 
 def _print_capacity(doc, fmt: str, as_json: bool) -> None:
-    from agent.api import render_capacity
+    from contracts.capacity import render_capacity
 
     shaped = render_capacity(doc, fmt)
     if as_json or fmt != "tidal":

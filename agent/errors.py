@@ -6,10 +6,7 @@ traceback, while genuine bugs still surface with one.
 """
 
 
-class TidalError(Exception):
-    """Base of every expected failure (bad input, odd hardware, bad state)."""
-
-    exit_code = 2
+from contracts.errors import TidalError  # noqa: F401 - the base is shared with the cluster side
 
 
 class TopologyError(TidalError):

@@ -27,8 +27,7 @@ from typing import Dict, List, Optional
 
 from agent.errors import AdmissionError, TidalError
 
-ONLINE, TO_OFFLINE, OFFLINE, TO_ONLINE = "Online", "OnlineToOffline", "Offline", "OfflineToOnline"
-STATES = (ONLINE, TO_OFFLINE, OFFLINE, TO_ONLINE)
+from contracts.states import OFFLINE, ONLINE, STATES, TO_OFFLINE, TO_ONLINE  # noqa: F401 - the shared names
 
 
 class TransitionError(TidalError):

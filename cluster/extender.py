@@ -32,8 +32,10 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import numpy as np
 
 from agent.k8s import timeouts
-from agent.k8s.pods import pod_request
-from agent.reporter.nrt import GROUP, PLURAL, VERSION, check_crd, to_report
+from agent.k8s.crd import check_crd
+from contracts.nrt import GROUP, PLURAL, VERSION
+from contracts.nrt import decode as to_report
+from contracts.pods import pod_request
 from cluster.placement.model import NodeReport, PlacementError, PodSpec
 from cluster.placement.placer import Placer
 from cluster.placement.view import ClusterView

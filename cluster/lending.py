@@ -25,10 +25,10 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from agent.errors import TidalError
 from agent.k8s import timeouts
-from agent.k8s.pods import RECLAIMED_CPU, pod_request, quantity
+from contracts.pods import pod_request, quantity
+from contracts.states import OFFLINE, ONLINE, RECLAIMED_CPU, STATE_LABEL
 
 log = logging.getLogger("tidal.lending")
-STATE_LABEL = "tidal.io/node-state"
 LENDER_ANNOTATION = "tidal.io/lent-by"
 
 
@@ -112,8 +112,8 @@ class LendingController:
         online, lent, allocatable = [], [], 0
         for node in nodes:
             name = node["metadata"]["name"]
-            state = (node["metadata"].get("labels") or {}).get(STATE_LABEL, "Online")
-            if state == "Offline":
+            state = (node["metadata"].get("labels") or {}).get(STATE_LABEL, ONLINE)
+            if state == OFFLINE:
                 lent.append(name)
                 continue
             online.append(name)
@@ -138,7 +138,7 @@ class LendingController:
             actions.append(f"take back {node} (water level {level.value:.0%}"
                            + (", online window" if must_be_online else "") + ")")
             if not self.dry_run:
-                self._label(node, "Online", unschedulable=False)
+                self._label(node, ONLINE, unschedulable=False)
             return self._say(actions)
         if must_be_online or level.value >= self.threshold or len(level.online_nodes) <= 1:
             return self._say(actions)
@@ -154,7 +154,7 @@ class LendingController:
             self._cordon(node)
             left = [p for p in pods if not self._evict(p)]
             if not left:
-                self._label(node, "Offline", unschedulable=True)
+                self._label(node, OFFLINE, unschedulable=True)
             else:
                 actions.append(f"{node}: {len(left)} pod(s) not evicted yet (disruption budget); retrying")
         return self._say(actions)

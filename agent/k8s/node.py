@@ -33,13 +33,14 @@ from typing import Any, Dict, Optional, Tuple
 
 from agent.errors import TidalError
 from agent.k8s import timeouts
-from agent.k8s.pods import RECLAIMED_CPU, RECLAIMED_MEMORY, PodRequest, pod_request
+from contracts.pods import PodRequest, pod_request
+from contracts.states import CURRENT_ANNOTATION, RECLAIMED_CPU, RECLAIMED_MEMORY, STATE_LABEL
 from agent.qrm.model import KUBERNETES
-from agent.reporter.nrt import GROUP, PLURAL, VERSION, build_nrt, check_crd
+from agent.k8s.crd import check_crd
+from agent.reporter.nrt import build_nrt
+from contracts.nrt import GROUP, PLURAL, VERSION, attribute
 
 log = logging.getLogger("tidal.k8s")
-STATE_LABEL = "tidal.io/node-state"
-CURRENT_ANNOTATION = "tidal.io/node-state-current"
 FIELD_MANAGER = "tidal-agent"
 
 
@@ -272,8 +273,8 @@ class KubeNodeAgent:
         self.custom.patch_cluster_custom_object(GROUP, VERSION, PLURAL, self.node, body, field_manager=FIELD_MANAGER,
                                                 force=True, _content_type="application/apply-patch+yaml",
                                                 _request_timeout=timeouts.CALL)
-        reclaimed = {RECLAIMED_CPU: str(_attr(body, "tidal.io/reclaimed-millicpu")),
-                     RECLAIMED_MEMORY: str(_attr(body, "tidal.io/reclaimed-memory"))}
+        reclaimed = {RECLAIMED_CPU: str(attribute(body, "tidal.io/reclaimed-millicpu")),
+                     RECLAIMED_MEMORY: str(attribute(body, "tidal.io/reclaimed-memory"))}
         self.core.patch_node_status(self.node, {"status": {"capacity": reclaimed, "allocatable": reclaimed}},
                                     _request_timeout=timeouts.CALL)
         self.last_report, self.last_report_at = key, time.monotonic()
@@ -286,20 +287,16 @@ class KubeNodeAgent:
         node = self.core.read_node(self.node, _request_timeout=timeouts.CALL)
         want = (node.metadata.labels or {}).get(STATE_LABEL)
         current = self.agent.lending.current.state
-        if want == "Offline" and current == ONLINE:
+        if want == OFFLINE and current == ONLINE:
             self.agent.lend(self.notice)
-        elif want == "Online" and current == OFFLINE:
+        elif want == ONLINE and current == OFFLINE:
             self.agent.take_back(self.notice)
-        elif want == "Online" and current == TO_OFFLINE:
+        elif want == ONLINE and current == TO_OFFLINE:
             self.agent.take_back("0s")  # called off during the notice
-        elif want == "Offline" and current == TO_ONLINE:
+        elif want == OFFLINE and current == TO_ONLINE:
             pass  # let the take-back finish; the next period lends again
         current = self.agent.lending.current.state
         annotations = node.metadata.annotations or {}
         if annotations.get(CURRENT_ANNOTATION) != current:
             self.core.patch_node(self.node, {"metadata": {"annotations": {CURRENT_ANNOTATION: current}}},
                                  _request_timeout=timeouts.CALL)
-
-
-def _attr(nrt: Dict[str, Any], name: str) -> str:
-    return next((a["value"] for a in nrt["attributes"] if a["name"] == name), "0")

@@ -13,8 +13,9 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from contracts.states import STATES as NODE_STATES
+
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-NODE_STATES = ("Online", "OnlineToOffline", "Offline", "OfflineToOnline")
 
 
 class AgentCollector(Collector):

@@ -83,7 +83,7 @@ class Pusher:
                 backoff = min(self.max_backoff, backoff * 2)
 
     def _send(self, doc: Dict[str, Any]) -> None:
-        from agent.api import render_capacity
+        from contracts.capacity import render_capacity
 
         shaped = render_capacity(doc, self.fmt)
         if self.command:

@@ -16,14 +16,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import List, Optional, Tuple
 
-from agent.errors import TidalError
+from contracts.reports import NodeReport, PlacementError, Zone  # noqa: F401 - what the placement core reads
+from contracts.states import STATES  # noqa: F401
 
 KINDS = ("dedicated", "shared", "reclaimed")
-STATES = ("Online", "OnlineToOffline", "Offline", "OfflineToOnline")
-
-
-class PlacementError(TidalError):
-    """A pod spec, a report or a node id is malformed."""
 
 
 @dataclass(frozen=True)
@@ -46,33 +42,6 @@ class PodSpec:
             raise PlacementError(f"dedicated pods take whole cpus: {self.millicpu}m is not a multiple of 1000")
         if self.gpus and self.kind != "dedicated":
             raise PlacementError("GPUs go to dedicated pods only")
-
-
-@dataclass(frozen=True)
-class Zone:
-    """One NUMA node of a report: what is still free for online pods."""
-
-    millicpu: int
-    memory: int
-    gpus: int = 0
-
-
-@dataclass
-class NodeReport:
-    name: str
-    zones: List[Zone]
-    reclaimed_millicpu: int = 0
-    reclaimed_memory: int = 0
-    state: str = "Online"
-    updated: float = 0.0  # epoch seconds of the report (stale reports are not trusted)
-    policy: str = "tidal"
-    attributes: dict = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        if self.state not in STATES:
-            raise PlacementError(f"node {self.name}: state {self.state!r} is not one of {', '.join(STATES)}")
-        if not self.zones:
-            raise PlacementError(f"node {self.name}: a report needs at least one NUMA zone")
 
 
 @dataclass(frozen=True)

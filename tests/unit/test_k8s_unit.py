@@ -9,10 +9,11 @@ import pytest
 from agent.daemon import Agent, AgentConfig
 from agent.isolation.cgroups.driver import RecordingCgroups
 from agent.k8s.node import KubeletLayout, KubeNodeAgent
-from agent.k8s.pods import pod_request, qos_class, quantity
+from contracts.pods import pod_request, qos_class, quantity
 from agent.qrm.policy import allocate, initial_state, pools
 from agent.qrm.requests import parse_request
-from agent.reporter.nrt import build_nrt, to_report
+from agent.reporter.nrt import build_nrt
+from contracts.nrt import decode as to_report
 from cluster.extender import TopologyCache, pod_spec
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "extender"
@@ -499,7 +500,7 @@ def test_an_api_server_that_accepts_and_never_answers_is_an_error_not_a_hang(mon
     from kubernetes import client
 
     from agent.k8s import timeouts
-    from agent.reporter.nrt import check_crd
+    from agent.k8s.crd import check_crd
 
     server = socket.socket()
     server.bind(("127.0.0.1", 0))

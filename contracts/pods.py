@@ -22,14 +22,14 @@ import re
 from dataclasses import dataclass
 from typing import Any, Dict, Optional, Tuple
 
+from contracts.states import RECLAIMED_CPU, RECLAIMED_MEMORY  # noqa: F401 - part of this contract
+
 QOS_LEVEL = "tidal.io/qos-level"
 NUMA_BINDING = "tidal.io/numa-binding"
 NUMA_EXCLUSIVE = "tidal.io/numa-exclusive"
 TIER = "tidal.io/tier"
 KATALYST_QOS = "katalyst.kubewharf.io/qos_level"
 KATALYST_MEMORY = "katalyst.kubewharf.io/memory_enhancement"
-RECLAIMED_CPU = "tidal.io/reclaimed-millicpu"
-RECLAIMED_MEMORY = "tidal.io/reclaimed-memory"
 LEVELS = ("dedicated_cores", "shared_cores", "reclaimed_cores", "system_cores")
 TIERS = ("high", "min", "low")
 
