@@ -31,7 +31,7 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 from typing import Any, Dict, Optional, Tuple
 from urllib.parse import urlsplit
 
-from agent.errors import AdmissionError, TidalError
+from agent.errors import AdmissionError, Conflict, NotFound, TidalError, Unfit
 from contracts.capacity import render_capacity
 
 log = logging.getLogger("tidal.api")
@@ -71,8 +71,6 @@ class _Handler(BaseHTTPRequestHandler):
             raise AdmissionError(f"malformed JSON body: {exc}") from None
 
     def _dispatch(self, method: str) -> None:
-        from agent.daemon import Conflict, NotFound, Unfit
-
         agent = self.server.agent
         parts = [p for p in urlsplit(self.path).path.split("/") if p]
         try:

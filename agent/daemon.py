@@ -29,7 +29,8 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Dict, List, Optional
 
-from agent.errors import AdmissionError, TidalError
+from agent.errors import AdmissionError, Conflict, NotFound, TidalError, Unfit  # noqa: F401 - raised here
+from agent.statefiles import write_json
 from agent.isolation.cgroups.desired import CgroupOptions, desired_tree, harvests
 from agent.isolation.cgroups.detect import CgroupError, detect
 from agent.isolation.cgroups.driver import CgroupDriver, KernelCgroups
@@ -88,18 +89,6 @@ class AgentConfig:
 
 def _iso(epoch: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(epoch)) + f".{int((epoch % 1) * 1000):03d}Z"
-
-
-class NotFound(TidalError):
-    pass
-
-
-class Conflict(TidalError):
-    pass
-
-
-class Unfit(TidalError):
-    pass
 
 
 class Agent:
@@ -256,10 +245,7 @@ class Agent:
     def _save_originals(self) -> None:
         data = self.reconciler.export()
         if data["originals"]:
-            tmp = self._originals_path() + ".tmp"
-            with open(tmp, "w") as handle:
-                json.dump(data, handle)
-            os.replace(tmp, self._originals_path())
+            write_json(self._originals_path(), data)
 
     # ---- the state ---------------------------------------------------------
 

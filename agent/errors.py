@@ -19,3 +19,15 @@ class AdmissionError(TidalError):
 
 class StateError(TidalError):
     """A checkpoint cannot be read or written."""
+
+
+class NotFound(TidalError):
+    """No such workload or path (the API answers 404)."""
+
+
+class Conflict(TidalError):
+    """The request clashes with what is there: a name in use, a node in transition (409)."""
+
+
+class Unfit(TidalError):
+    """A valid request that does not fit the node now (422)."""

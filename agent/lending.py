@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass
 from typing import Dict, List, Optional
 
 from agent.errors import AdmissionError, TidalError
+from agent.statefiles import write_json
 
 from contracts.states import OFFLINE, ONLINE, STATES, TO_OFFLINE, TO_ONLINE  # noqa: F401 - the shared names
 
@@ -88,12 +89,7 @@ class NodeLending:
             self.current = NodeState()
 
     def _save(self) -> None:
-        tmp = self.path + ".tmp"
-        with open(tmp, "w") as handle:
-            json.dump(asdict(self.current), handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, self.path)
+        write_json(self.path, asdict(self.current))
 
     def _enter(self, state: str, now: float, notice: float = 0.0) -> NodeState:
         previous = self.current.state

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from typing import Callable, List, Optional, Tuple
 
 from agent.errors import StateError
+from agent.statefiles import keep_bad_copy, read_regular, write_atomic
 from agent.qrm.model import Allocation, QoS
 from agent.qrm.policy import POLICY, State, initial_state
 from agent.topology import Topology
@@ -165,27 +166,30 @@ class CheckpointStore:
                 except OSError:
                     pass
 
-    def _keep_bad_copy(self) -> str:
-        n = 0
-        while os.path.exists(f"{self.path}.bad-{n}"):
-            n += 1
-        target = f"{self.path}.bad-{n}"
-        os.replace(self.path, target)
-        return target
+    def _keep_bad_copy(self) -> Optional[str]:
+        return keep_bad_copy(self.path)
 
     def load(self, topo: Topology, *, reserved=None,
              recover: Optional[Callable[[Topology], Optional[State]]] = None) -> LoadResult:
         """Load, salvage or recover the state (see module docstring). Never raises for bad content."""
         self._remove_stale_temp_files()
         try:
-            with open(self.path, "rb") as handle:
-                raw = handle.read()
-        except FileNotFoundError:
+            raw = read_regular(self.path)  # a FIFO or directory here is one error line, never a hang
+        except StateError as exc:
+            raise StateError(f"cannot read checkpoint: {exc}") from None
+        if raw is None:
+            # no checkpoint: a first start, or one deleted under a running node. The kernel's tree
+            # says which: workloads found there are kept (confined), not dropped and moved out
+            recovered = recover(topo) if recover else None
+            if recovered is not None and recovered.allocations:
+                warning = (f"checkpoint {self.path} is missing; rebuilt {len(recovered.allocations)} workloads "
+                           f"from the kernel")
+                log.warning(warning)
+                self._current = recovered
+                return LoadResult(recovered, (warning,), "recovered")
             state = initial_state(topo, reserved)
             self._current = state
             return LoadResult(state, (), "empty")
-        except OSError as exc:
-            raise StateError(f"{self.path}: cannot read checkpoint: {exc.strerror or exc}") from None
         try:
             state, fingerprint = decode(raw)
         except CorruptCheckpoint as exc:
@@ -210,28 +214,11 @@ class CheckpointStore:
         return LoadResult(state, (), "checkpoint")
 
     def save(self, state: State, topo: Topology) -> None:
-        """Atomically replace the checkpoint with ``state``."""
+        """Atomically replace the checkpoint with ``state`` (``statefiles.write_atomic``)."""
         payload = encode(state, topo)
-        directory = os.path.dirname(self.path) or "."
         with self._lock:
             try:
-                os.makedirs(directory, exist_ok=True)
-                tmp = f"{self.path}.tmp-{os.getpid()}-{threading.get_ident()}"
-                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-                try:
-                    view = memoryview(payload)
-                    while view:
-                        written = os.write(fd, view)
-                        view = view[written:]
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
-                os.replace(tmp, self.path)
-                dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-                try:
-                    os.fsync(dir_fd)
-                finally:
-                    os.close(dir_fd)
-            except OSError as exc:
-                raise StateError(f"{self.path}: cannot write checkpoint: {exc.strerror or exc}") from None
+                write_atomic(self.path, payload)
+            except StateError as exc:
+                raise StateError(f"cannot write checkpoint: {exc}") from None
             self._current = state

@@ -66,10 +66,9 @@ class HourlyHistory:
     def save(self) -> None:
         if not self.path:
             return
-        tmp = self.path + ".tmp"
-        with open(tmp, "w") as handle:
-            json.dump({"hours": {k: list(v) for k, v in sorted(self.hours.items())}}, handle)
-        os.replace(tmp, self.path)
+        from agent.statefiles import write_json
+
+        write_json(self.path, {"hours": {k: list(v) for k, v in sorted(self.hours.items())}})
 
 
 @dataclass(frozen=True)

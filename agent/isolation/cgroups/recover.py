@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import List, Optional
 
-from agent.isolation.cgroups.desired import SHARES_PER_CPU
+from agent.qrm.assignment import SHARES_PER_CPU, memory_nodes
 from agent.isolation.cgroups.driver import CgroupDriver
 from agent.isolation.cgroups.knobs import weight_to_shares
 from agent.qrm.model import Allocation, QoS, Tier
@@ -46,7 +46,7 @@ def recover_state(driver: CgroupDriver, base: str, topo: Topology) -> Optional[S
         state = initial_state(topo, reserved or None)
     except Exception:  # noqa: BLE001 - a tree from another machine shape: fall back to defaults
         state = initial_state(topo)
-    all_mems = tuple(n.id for n in topo.numa_nodes)
+    all_mems = memory_nodes(topo)
     allocations: List[Allocation] = []
     for name in driver.children(f"{base}/dedicated"):
         path = f"{base}/dedicated/{name}"
@@ -64,9 +64,11 @@ def recover_state(driver: CgroupDriver, base: str, topo: Topology) -> Optional[S
             shares = _shares(driver, f"{base}/reclaimed/{tier.value}/{name}") or SHARES_PER_CPU
             millicpu = max(1, round(shares * 1000 / SHARES_PER_CPU))
             allocations.append(Allocation(name=name, qos=QoS.RECLAIMED, millicpu=millicpu, tier=tier, mems=all_mems))
+    taken = set(state.reserved)
     for alloc in allocations:
-        if alloc.qos is QoS.DEDICATED and not set(alloc.cpus) <= online:
-            continue
+        if alloc.qos is QoS.DEDICATED and (not set(alloc.cpus) <= online or set(alloc.cpus) & taken):
+            continue  # off this node, or a cpu someone else already holds: never two owners of one cpu
         if state.get(alloc.name) is None:
             state = state.with_allocation(alloc)
+            taken |= set(alloc.cpus)
     return state

@@ -1,0 +1,93 @@
+"""Files in the agent's state directory: the one atomic write, and reads that treat them as input.
+
+``write_atomic``: a temporary file in the same directory, written whole,
+fsynced, renamed over the target, then the directory fsynced, so a crash at
+any instant leaves the old file or the new one, never a torn one, and the
+rename survives a power loss. Every state file goes through it (checkpoint,
+node state, usage history, saved originals).
+
+``read_regular``: a state file is read only if it is a regular file; a FIFO
+would block the agent's start forever, a directory or device is nonsense.
+``keep_bad_copy``: a file that cannot be used is renamed to ``<name>.bad-N``
+(kept for the operator, never deleted) before the agent carries on without it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import threading
+from typing import Any, Optional
+
+from agent.errors import StateError
+
+_MAX_STATE_FILE = 64 * 1024 * 1024  # no state file of a node is anywhere near this
+
+
+def write_atomic(path: str, data: bytes, mode: int = 0o600) -> None:
+    directory = os.path.dirname(path) or "."
+    try:
+        os.makedirs(directory, exist_ok=True)
+        tmp = f"{path}.tmp-{os.getpid()}-{threading.get_ident()}"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW, mode)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+        dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+    except OSError as exc:
+        raise StateError(f"{path}: cannot write: {exc.strerror or exc}") from None
+
+
+def write_json(path: str, doc: Any, mode: int = 0o600) -> None:
+    write_atomic(path, json.dumps(doc, sort_keys=True).encode(), mode)
+
+
+def read_regular(path: str) -> Optional[bytes]:
+    """The file's bytes; ``None`` when it does not exist; ``StateError`` when it is not a
+    regular file, is too large or cannot be read (opened without blocking: a FIFO never hangs)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise StateError(f"{path}: cannot open: {exc.strerror or exc}") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise StateError(f"{path}: not a regular file")
+        if info.st_size > _MAX_STATE_FILE:
+            raise StateError(f"{path}: {info.st_size} bytes, more than any state file should hold")
+        chunks = []
+        while True:
+            chunk = os.read(fd, 1 << 20)
+            if not chunk:
+                break
+            chunks.append(chunk)
+        return b"".join(chunks)
+    except OSError as exc:
+        raise StateError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
+
+
+def keep_bad_copy(path: str) -> Optional[str]:
+    """Rename an unusable state file to ``<path>.bad-N`` (the first free N); its new name, or None."""
+    for n in range(0, 1000):
+        target = f"{path}.bad-{n}"
+        if not os.path.lexists(target):
+            try:
+                os.rename(path, target)
+                return target
+            except OSError:
+                return None
+    return None

@@ -1,0 +1,128 @@
+"""The layers of ARCHITECTURE.md hold: read from the source, not trusted.
+
+* ``contracts`` imports neither ``agent`` nor ``cluster`` (both sides import it);
+* ``agent/reporter`` imports neither ``agent.k8s`` nor ``cluster``;
+* ``agent/api`` does not import ``agent.daemon`` (it serves any object with the agent's methods);
+* ``agent/qrm`` (policy) imports no isolation, reporter, k8s, daemon or cluster code;
+* only ``agent/isolation`` writes the kernel: nowhere else names a cgroup control file in code,
+  runs ``tc``/``nft``, or uses pyroute2; and nowhere else opens a file for writing, except the
+  places listed below, each with what it writes.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+from typing import Iterator, List, Set, Tuple
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = ("agent", "cluster", "contracts")
+
+# the benchmark lab builds its own network namespaces, emulated links and test processes
+# (not Tidal's enforcement, which it measures through the agent's own code); it is the one
+# place besides agent/isolation that runs tc and moves its test processes into a cgroup
+LAB = {"agent/bench/netlab.py", "agent/bench/net_isolation.py", "agent/bench/reaction.py"}
+WRITERS = {
+    "agent/statefiles.py": "the one atomic write of the state directory",
+    "agent/topology/synthetic.py": "synthetic sysfs trees for tests and benchmarks",
+    "agent/bench/wakeup.py": "the PM QoS request (/dev/cpu_dma_latency) a benchmark holds",
+    "agent/bench/netlab.py": "a benchmark process joins its own test cgroup",
+    "cluster/extender.py": "recorded scheduler bodies (--record-dir)",
+}
+KERNEL_FILE = re.compile(r"^(cgroup\.(procs|subtree_control|threads)|cpuset\.(cpus|mems)(\.partition)?|"
+                         r"cpu\.(max|idle|shares|weight|cfs_quota_us|cfs_period_us)|"
+                         r"memory\.(max|high|low|min|limit_in_bytes|soft_limit_in_bytes))$")
+
+
+def sources() -> Iterator[Tuple[str, ast.Module]]:
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            rel = path.relative_to(ROOT).as_posix()
+            yield rel, ast.parse(path.read_text(), rel)
+
+
+def imports(tree: ast.Module) -> Set[str]:
+    found: Set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            found.add(node.module)
+            found |= {f"{node.module}.{alias.name}" for alias in node.names}
+    return found
+
+
+def docstrings(tree: ast.Module) -> Set[int]:
+    ids = set()
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if isinstance(body, list) and body and isinstance(body[0], ast.Expr) \
+                and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str):
+            ids.add(id(body[0].value))
+    return ids
+
+
+RULES = [
+    ("contracts/", ("agent", "cluster")),
+    ("agent/reporter/", ("agent.k8s", "cluster", "agent.daemon")),
+    ("agent/api.py", ("agent.daemon",)),
+    ("agent/qrm/", ("agent.isolation", "agent.reporter", "agent.k8s", "agent.daemon", "cluster")),
+    ("agent/isolation/", ("agent.reporter", "agent.k8s", "agent.daemon", "cluster")),
+]
+
+
+@pytest.mark.parametrize("prefix, forbidden", RULES, ids=[r[0].rstrip("/") for r in RULES])
+def test_imports_follow_the_layers(prefix, forbidden):
+    offenders: List[str] = []
+    for rel, tree in sources():
+        if not rel.startswith(prefix):
+            continue
+        for name in imports(tree):
+            if any(name == f or name.startswith(f + ".") for f in forbidden):
+                offenders.append(f"{rel} imports {name}")
+    assert not offenders, offenders
+
+
+def _is_write_open(node: ast.Call) -> bool:
+    func = node.func
+    name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+    if name == "open" and isinstance(func, ast.Name) or (name == "open" and isinstance(func, ast.Attribute)
+                                                         and getattr(func.value, "id", "") in ("io", "builtins")):
+        mode = node.args[1] if len(node.args) > 1 else next((k.value for k in node.keywords if k.arg == "mode"), None)
+        return isinstance(mode, ast.Constant) and isinstance(mode.value, str) and bool(set(mode.value) & set("wax+"))
+    if name == "open" and isinstance(func, ast.Attribute) and getattr(func.value, "id", "") == "os":
+        return any(isinstance(n, ast.Attribute) and n.attr in ("O_WRONLY", "O_RDWR") for n in ast.walk(node))
+    if name in ("write_text", "write_bytes"):
+        return True
+    return False
+
+
+def test_only_isolation_writes_the_kernel():
+    offenders: List[str] = []
+    for rel, tree in sources():
+        if rel.startswith("agent/isolation/"):
+            continue
+        skip = docstrings(tree)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in skip:
+                if KERNEL_FILE.match(node.value) and rel not in LAB:
+                    offenders.append(f"{rel}:{node.lineno} names kernel file {node.value!r}")
+                if node.value in ("tc", "nft") and rel not in LAB:
+                    offenders.append(f"{rel}:{node.lineno} runs {node.value}")
+            if isinstance(node, ast.Call) and _is_write_open(node) and rel not in WRITERS:
+                offenders.append(f"{rel}:{node.lineno} opens a file for writing")
+        if rel not in LAB and any(n == "pyroute2" or n.startswith("pyroute2.") for n in imports(tree)):
+            offenders.append(f"{rel} imports pyroute2")
+    assert not offenders, offenders
+
+
+def test_the_write_list_has_no_stale_entries():
+    """Every allowed writer still writes: the list cannot quietly grow into a loophole."""
+    writing = set()
+    for rel, tree in sources():
+        if any(isinstance(n, ast.Call) and _is_write_open(n) for n in ast.walk(tree)):
+            writing.add(rel)
+    assert set(WRITERS) <= writing, set(WRITERS) - writing
