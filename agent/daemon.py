@@ -167,7 +167,8 @@ class Agent:
         self.estimator.history.load()
         self.lending.load()
         result = self.store.load(self.topology, reserved=cfg.reserved_cpus,
-                                 recover=lambda topo: recover_state(self.driver, cfg.cgroup_base, topo))
+                                 recover=lambda topo: recover_state(self.driver, cfg.cgroup_base, topo,
+                                                                    cfg.reserved_cpus))
         for warning in result.warnings:
             self.echo(f"tidal agent: warning: {warning}")
         state = result.state

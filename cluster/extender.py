@@ -33,6 +33,7 @@ import numpy as np
 
 from agent.k8s import timeouts
 from agent.k8s.crd import check_crd
+from agent.k8s.listwatch import list_watch
 from contracts.nrt import GROUP, PLURAL, VERSION
 from contracts.nrt import decode as to_report
 from contracts.pods import pod_request
@@ -428,33 +429,23 @@ class NrtWatcher(threading.Thread):
             log.warning("ignoring a report: %s", exc)
 
     def run(self) -> None:
-        from kubernetes import watch
+        list_watch(self.api.list_cluster_custom_object, GROUP, VERSION, PLURAL, on_list=self._on_list,
+                   on_event=self._on_event, stop=self.stop, what="NRT watch", timeout_seconds=60)
 
-        backoff = 0.5
-        while not self.stop.is_set():
-            try:
-                listing = self.api.list_cluster_custom_object(GROUP, VERSION, PLURAL, _request_timeout=timeouts.CALL)
-                for obj in listing.get("items", []):
-                    self._ingest(obj)
-                self.synced.set()
-                version = listing["metadata"]["resourceVersion"]
-                stream = watch.Watch()
-                for event in stream.stream(self.api.list_cluster_custom_object, GROUP, VERSION, PLURAL,
-                                           resource_version=version, timeout_seconds=60,
-                                           _request_timeout=timeouts.watch(60)):
-                    if self.stop.is_set():
-                        stream.stop()
-                        break
-                    obj = event["object"]
-                    if event["type"] == "DELETED":
-                        self.cache.remove(obj["metadata"]["name"])
-                    elif event["type"] in ("ADDED", "MODIFIED"):
-                        self._ingest(obj)
-                backoff = 0.5
-            except Exception as exc:  # noqa: BLE001 - the API server may go away; keep serving what we know
-                log.warning("NRT watch: %s; relisting in %.1fs", exc, backoff)
-                self.stop.wait(backoff)
-                backoff = min(backoff * 2, 10.0)
+    def _on_list(self, objects) -> None:
+        names = set()
+        for obj in objects:
+            self._ingest(obj)
+            names.add((obj.get("metadata") or {}).get("name"))
+        for name in [n for n in list(self.cache.reports) if n not in names]:
+            self.cache.remove(name)  # deleted while the watch was down
+        self.synced.set()
+
+    def _on_event(self, kind: str, obj) -> None:
+        if kind == "DELETED":
+            self.cache.remove(obj["metadata"]["name"])
+        elif kind in ("ADDED", "MODIFIED"):
+            self._ingest(obj)
 
 
 def _binder(api_client):

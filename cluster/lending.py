@@ -1,16 +1,17 @@
 """The lending controller: whole machines to offline while online's water level is low, and back.
 
 Water level = cpu requested by online pods (everything but reclaimed pods)
-bound to online nodes / the cpu those nodes can allocate. Every period:
+bound to online nodes / the cpu those nodes can allocate. Every period one
+action, chosen by THE lending rule (``cluster.lendrule.decide``, which the
+simulator runs too):
 
-* below ``threshold`` (default 90%) and a node can go without the level of
-  the rest rising above it: pick the online node with the fewest online pods,
-  cordon it, evict its online pods through the Eviction API (which honours
-  PodDisruptionBudgets: a refused eviction is retried next period), and once
-  it runs no online pod, label it ``tidal.io/node-state=Offline``; the node's
-  agent then moves through OnlineToOffline (its notice) to Offline;
-* above the threshold, or inside a configured online window (``18:00-23:00``),
-  take a lent node back: label it ``Online`` (its agent goes through
+* lend: cordon the node, evict its online pods through the Eviction API
+  (which honours PodDisruptionBudgets: a refused eviction is retried next
+  period), and once it runs no online pod, label it
+  ``tidal.io/node-state=Offline``; the node's agent then moves through
+  OnlineToOffline (its notice) to Offline;
+* take back (above the threshold, or inside a configured online window such
+  as ``18:00-23:00``): label it ``Online`` (its agent goes through
   OfflineToOnline, giving offline work its notice) and uncordon it.
 
 ``dry_run`` prints the actions and changes nothing.
@@ -25,6 +26,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from agent.errors import TidalError
 from agent.k8s import timeouts
+from cluster.lendrule import TAKE_BACK, OnlineNode, decide
 from contracts.pods import pod_request, quantity
 from contracts.states import OFFLINE, ONLINE, RECLAIMED_CPU, STATE_LABEL
 
@@ -64,6 +66,7 @@ class Level:
     online_nodes: List[str]
     lent_nodes: List[str]
     online_pods: Dict[str, List[Dict[str, Any]]] = field(default_factory=dict)
+    node_allocatable: Dict[str, int] = field(default_factory=dict)
 
     @property
     def value(self) -> float:
@@ -109,15 +112,16 @@ class LendingController:
     def observe(self) -> Level:
         nodes = [self.api_client.sanitize_for_serialization(n) for n in self.core.list_node(_request_timeout=timeouts.CALL).items]
         pods = [self.api_client.sanitize_for_serialization(p) for p in self.core.list_pod_for_all_namespaces(_request_timeout=timeouts.CALL).items]
-        online, lent, allocatable = [], [], 0
+        online, lent, allocatable, per_node = [], [], 0, {}
         for node in nodes:
             name = node["metadata"]["name"]
             state = (node["metadata"].get("labels") or {}).get(STATE_LABEL, ONLINE)
+            per_node[name] = int(quantity(((node.get("status") or {}).get("allocatable") or {}).get("cpu", "0")) * 1000)
             if state == OFFLINE:
                 lent.append(name)
                 continue
             online.append(name)
-            allocatable += int(quantity(((node.get("status") or {}).get("allocatable") or {}).get("cpu", "0")) * 1000)
+            allocatable += per_node[name]
         by_node: Dict[str, List[Dict[str, Any]]] = {n: [] for n in online}
         requested = 0
         for pod in pods:
@@ -125,7 +129,7 @@ class LendingController:
             if where in by_node and _is_online_pod(pod):
                 by_node[where].append(pod)
                 requested += _cpu_request(pod)
-        return Level(requested, allocatable, sorted(online), sorted(lent), by_node)
+        return Level(requested, allocatable, sorted(online), sorted(lent), by_node, per_node)
 
     def step(self, now: Optional[float] = None) -> List[str]:
         """One period: returns the actions taken (or, dry, that would be)."""
@@ -133,23 +137,21 @@ class LendingController:
         level = self.observe()
         actions: List[str] = []
         must_be_online = in_window(self.windows, now)
-        if (level.value > self.threshold or must_be_online) and level.lent_nodes:
-            node = level.lent_nodes[0]
-            actions.append(f"take back {node} (water level {level.value:.0%}"
+        online = [OnlineNode(n, level.node_allocatable[n], len(level.online_pods[n])) for n in level.online_nodes]
+        lent = [(n, level.node_allocatable.get(n, 0)) for n in level.lent_nodes]
+        decided = decide(level.requested_millicpu, online, lent, self.threshold, must_be_online)
+        for action in (a for a in decided if a.kind == TAKE_BACK):
+            actions.append(f"take back {action.node} (water level {action.level:.0%}"
                            + (", online window" if must_be_online else "") + ")")
             if not self.dry_run:
-                self._label(node, ONLINE, unschedulable=False)
+                self._label(action.node, ONLINE, unschedulable=False)
+        if not decided or decided[0].kind == TAKE_BACK:
             return self._say(actions)
-        if must_be_online or level.value >= self.threshold or len(level.online_nodes) <= 1:
-            return self._say(actions)
-        node = min(level.online_nodes, key=lambda n: (len(level.online_pods[n]), n))
-        node_alloc = self._allocatable(node)
-        rest = level.allocatable_millicpu - node_alloc
-        if rest <= 0 or level.requested_millicpu / rest > self.threshold:
-            return self._say(actions)  # lending any node would push the others over the threshold
+        action = decided[0]
+        node = action.node
         pods = level.online_pods[node]
         actions.append(f"lend {node}: cordon, evict {len(pods)} online pod(s), then label Offline "
-                       f"(water level {level.value:.0%}, {level.requested_millicpu / rest:.0%} without it)")
+                       f"(water level {action.level:.0%}, {action.level_without:.0%} without it)")
         if not self.dry_run:
             self._cordon(node)
             left = [p for p in pods if not self._evict(p)]
@@ -163,10 +165,6 @@ class LendingController:
         for action in actions:
             self.echo(("dry run: " if self.dry_run else "") + action)
         return actions
-
-    def _allocatable(self, node: str) -> int:
-        obj = self.core.read_node(node, _request_timeout=timeouts.CALL)
-        return int(quantity((obj.status.allocatable or {}).get("cpu", "0")) * 1000)
 
     def _cordon(self, node: str) -> None:
         self.core.patch_node(node, {"spec": {"unschedulable": True},

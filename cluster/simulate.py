@@ -23,11 +23,13 @@ Model (every number a ``SimConfig`` field):
   node's online use rises above what offline left it, the kernel takes the
   cores back at once (the cpu quota shrinks in the agent's period,
   ``reaction_s``): online is short of the excess for that long, then the
-  next estimate moves. The lending controller lends whole nodes to offline
-  while the online water level (requested / allocatable of online nodes)
-  stays under ``lending_threshold`` and takes them back above it; each move
-  takes ``notice_minutes`` (a node in transition takes neither new online
-  replicas nor new offline work).
+  next estimate moves (``contracts.headroom``, the agents' own rule). The
+  lending controller lends whole nodes to offline while the online water
+  level (requested / allocatable of online nodes) stays under
+  ``lending_threshold`` and takes them back above it, one node per
+  ``lending_period_s`` (``cluster.lendrule``, the controller's own rule);
+  each move takes ``notice_minutes`` (a node in transition takes neither new
+  online replicas nor new offline work).
 * **Online shortfall** (core-hours): demand that found no core: above its
   replicas' requests (the HPA lagged), on replicas that found no node (lending
   took too much), or taken back from offline too late (the reaction window).
@@ -58,6 +60,8 @@ from typing import Any, Dict, List, Optional, Tuple
 import numpy as np
 
 from agent.errors import TidalError
+from cluster.lendrule import TAKE_BACK, OnlineNode, decide
+from contracts.headroom import DEFAULT_BUFFER, online_estimate
 
 TIERS = ("high", "min", "low")
 
@@ -84,11 +88,12 @@ class SimConfig:
     job_cores: Tuple[int, ...] = (1, 2, 4, 8)
     job_minutes: float = 30.0
     tier_weights: Tuple[float, float, float] = (0.2, 0.3, 0.5)
-    buffer: float = 0.2
+    buffer: float = DEFAULT_BUFFER
     window_minutes: int = 5
     reserve_cores: float = 1.0
     reaction_s: float = 1.0
     lending_threshold: float = 0.9
+    lending_period_s: float = 30.0  # the lending controller's --period
     notice_minutes: int = 5
     lending: bool = True
     warmup_minutes: int = 180  # simulated before the day and not counted (offline queues fill, nodes get lent)
@@ -364,7 +369,7 @@ def run(config: SimConfig, mode: str, trace: Optional[Trace] = None) -> Dict[str
             fresh[online_nodes] = True
             fresh &= ~online_before  # no use of its own yet (back from lending): requests stand in
             ratio_peak[fresh] = np.maximum(ratio_peak[fresh], 1.0)
-            estimate = ratio_peak * per_node_requests * (1.0 + config.buffer)
+            estimate = online_estimate(ratio_peak * per_node_requests, config.buffer)  # THE headroom rule
             online_before = np.zeros(n, dtype=bool)
             online_before[online_nodes] = True
             node_capacity = np.zeros(n)
@@ -397,32 +402,35 @@ def run(config: SimConfig, mode: str, trace: Optional[Trace] = None) -> Dict[str
 
 
 def _lend_or_take_back(config: SimConfig, lent: np.ndarray, moving: np.ndarray, requested: float) -> None:
-    """The lending controller: keep the online water level (requested / allocatable) under the threshold.
+    """One minute of the lending controller: THE lending rule (``cluster.lendrule.decide``), run as
+    often as the controller runs it (every ``lending_period_s``), on the nodes as it sees them.
 
     ``lent``: the node is Offline (or OfflineToOnline); ``moving`` > 0: minutes left of an
-    OnlineToOffline notice, < 0: of an OfflineToOnline notice."""
+    OnlineToOffline notice, < 0: of an OfflineToOnline notice. The controller sees a node in its
+    lending notice as lent (it is labelled Offline) and one being taken back as online (labelled
+    Online, uncordoned); replicas are spread evenly, so every online node holds as many pods."""
     ending = moving == 1
     returning = moving == -1
     moving[moving > 0] -= 1
     moving[moving < 0] += 1
     lent[ending] = True
     lent[returning] = False
-    online = ~lent & (moving == 0)
-    going = moving > 0
-    coming = moving < 0
-    need = math.ceil(requested / (config.cores * config.lending_threshold))
-    staying = int(online.sum())  # online nodes once the pending moves are done
-    if staying > need + 1:  # lend the surplus, keeping one node spare
-        surplus = np.flatnonzero(online)[::-1][:staying - need - 1]
-        moving[surplus] = config.notice_minutes
-    elif staying + int(coming.sum()) < need:
-        missing = need - staying - int(coming.sum())
-        cancel = np.flatnonzero(going)[:missing]  # stop lending what is still in its notice first
-        moving[cancel] = 0
-        missing -= len(cancel)
-        if missing > 0:
-            back = np.flatnonzero(lent & ~coming)[:missing]
-            moving[back] = -config.notice_minutes
+    cores = float(config.cores)
+    for _ in range(max(1, round(60.0 / config.lending_period_s))):
+        labelled_online = (~lent & (moving == 0)) | (moving < 0)
+        going = np.flatnonzero(moving > 0)
+        away = np.flatnonzero(lent & (moving == 0))
+        online = [OnlineNode(f"{i:07d}", cores, 0) for i in np.flatnonzero(labelled_online)]
+        order = [(f"{i:07d}", cores) for i in (*going, *away)]  # called off during its notice first
+        actions = decide(requested, online, order, config.lending_threshold)
+        if not actions:
+            return
+        for action in actions:
+            node = int(action.node)
+            if action.kind == TAKE_BACK:
+                moving[node] = 0 if moving[node] > 0 else -config.notice_minutes
+            else:
+                moving[node] = config.notice_minutes
 
 
 def simulate(config: SimConfig, trace: Optional[Trace] = None) -> Dict[str, Any]:

@@ -37,6 +37,7 @@ from contracts.pods import PodRequest, pod_request
 from contracts.states import CURRENT_ANNOTATION, RECLAIMED_CPU, RECLAIMED_MEMORY, STATE_LABEL
 from agent.qrm.model import KUBERNETES
 from agent.k8s.crd import check_crd
+from agent.k8s.listwatch import list_watch
 from agent.reporter.nrt import build_nrt
 from contracts.nrt import GROUP, PLURAL, VERSION, attribute
 
@@ -131,42 +132,30 @@ class KubeNodeAgent:
 
     # ---- pods -----------------------------------------------------------------------------
     def _watch_pods(self) -> None:
-        from kubernetes import watch
+        list_watch(self.core.list_pod_for_all_namespaces, field_selector=f"spec.nodeName={self.node}",
+                   on_list=self._on_pod_list, on_event=self._on_pod_event, stop=self.stop,
+                   what=f"pod watch on {self.node}", timeout_seconds=int(self.resync),
+                   sanitize=self.api_client.sanitize_for_serialization, on_error=self._count_error)
 
-        selector = f"spec.nodeName={self.node}"
-        backoff = 0.5
-        while not self.stop.is_set():
-            try:
-                listing = self.core.list_pod_for_all_namespaces(field_selector=selector, _request_timeout=timeouts.CALL)
-                seen = set()
-                for item in listing.items:
-                    pod = self.api_client.sanitize_for_serialization(item)
-                    seen.add(pod["metadata"]["uid"])
-                    self.on_pod(pod)
-                with self.lock:
-                    for uid in [u for u in self.pods if u not in seen]:
-                        self._release(uid)
-                    self._release_unclaimed()
-                stream = watch.Watch()
-                for event in stream.stream(self.core.list_pod_for_all_namespaces, field_selector=selector,
-                                           resource_version=listing.metadata.resource_version,
-                                           timeout_seconds=max(1, int(self.resync)),
-                                           _request_timeout=timeouts.watch(max(1, int(self.resync)))):
-                    if self.stop.is_set():
-                        stream.stop()
-                        return
-                    pod = self.api_client.sanitize_for_serialization(event["object"])
-                    if event["type"] == "DELETED":
-                        with self.lock:
-                            self._release(pod["metadata"]["uid"])
-                    else:
-                        self.on_pod(pod)
-                backoff = 0.5
-            except Exception as exc:  # noqa: BLE001 - keep enforcing the last state; catch up on return
-                self.api_errors += 1
-                log.warning("pod watch on %s: %s; relisting in %.1fs", self.node, exc, backoff)
-                self.stop.wait(backoff)
-                backoff = min(backoff * 2, 10.0)
+    def _count_error(self, _exc: Exception) -> None:
+        self.api_errors += 1
+
+    def _on_pod_list(self, pods) -> None:
+        """A full list: every pod as an event, then what no listed pod claims is released."""
+        for pod in pods:
+            self.on_pod(pod)
+        seen = {pod["metadata"]["uid"] for pod in pods}
+        with self.lock:
+            for uid in [u for u in self.pods if u not in seen]:
+                self._release(uid)
+            self._release_unclaimed()
+
+    def _on_pod_event(self, kind: str, pod: Dict[str, Any]) -> None:
+        if kind == "DELETED":
+            with self.lock:
+                self._release(pod["metadata"]["uid"])
+        else:
+            self.on_pod(pod)
 
     def on_pod(self, pod: Dict[str, Any]) -> None:
         meta = pod["metadata"]

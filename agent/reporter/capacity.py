@@ -27,6 +27,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Deque, Dict, Optional, Tuple
 
+from contracts.headroom import DEFAULT_BUFFER, online_estimate
+
 MIB = 1024 * 1024
 MEMORY_STEP = 512 * MIB
 
@@ -87,7 +89,7 @@ class Capacity:
 @dataclass
 class CapacityEstimator:
     window_s: float = 300.0
-    buffer: float = 0.2
+    buffer: float = DEFAULT_BUFFER
     stale_s: float = 10.0
     ramp_millicpu_per_s: float = 500.0
     ramp_bytes_per_s: float = 256 * MIB
@@ -117,7 +119,7 @@ class CapacityEstimator:
         if not fresh or fresh[-1][0] < now - self.stale_s:
             return None
         nodes = set().union(*(s[1] for s in fresh))
-        return {n: math.ceil(max(s[1].get(n, 0) for s in fresh) * (1 + self.buffer)) for n in nodes}
+        return {n: math.ceil(online_estimate(max(s[1].get(n, 0) for s in fresh), self.buffer)) for n in nodes}
 
     def demand(self, now: float, epoch: float, requests: Tuple[int, int]) -> Tuple[int, int, str]:
         """(millicpu, bytes, source) of online demand, with the buffer."""
@@ -132,7 +134,7 @@ class CapacityEstimator:
                 source = "yesterday"
             else:
                 return requests[0], requests[1], "requests"
-        return math.ceil(cpu * (1 + self.buffer)), math.ceil(mem * (1 + self.buffer)), source
+        return math.ceil(online_estimate(cpu, self.buffer)), math.ceil(online_estimate(mem, self.buffer)), source
 
     def estimate(self, now: float, epoch: float, allocatable: Tuple[int, int], requests: Tuple[int, int],
                  numa: Tuple[Tuple[int, int, int], ...] = ()) -> Capacity:

@@ -15,10 +15,12 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Deque, Optional
 
+from contracts.headroom import DEFAULT_BUFFER, online_estimate
+
 
 @dataclass
 class ReclaimSizer:
-    buffer: float = 0.2
+    buffer: float = DEFAULT_BUFFER
     window: int = 30  # samples in the peak window
     ramp_cpus: int = 1
     stable_periods: int = 3
@@ -34,7 +36,7 @@ class ReclaimSizer:
         while len(self._history) > self.window:
             self._history.popleft()
         peak = max(self._history)
-        wanted = max(shared_need, math.ceil(peak * (1 + self.buffer) / 1000))
+        wanted = max(shared_need, math.ceil(online_estimate(peak, self.buffer) / 1000))
         current = self._shared_target if self._shared_target is not None else free_cpus
         self._shared_target = current
         if current and online_millicpu >= self.saturation * current * 1000:

@@ -228,7 +228,7 @@ def test_sigkill_of_the_agent_keeps_workloads_confined(tmp_path, base):
         assert [(w["name"], set(parse_cpulist(w["cpus"])), w["pids"]) for w in workloads] == [
             ("web", cpus, [runner.pid])]
         driver = KernelCgroups(detect(HostFS("/")), parent="self")
-        kernel = recover_state(driver, base, TOPO)
+        kernel = recover_state(driver, base, TOPO, reserved=())  # the agent runs with --reserved-cpus none
         state = json.loads((tmp_path / "kstate" / "checkpoint.json").read_text())["data"]
         assert [(a.name, list(a.cpus)) for a in kernel.allocations] == [
             (a["name"], a["cpus"]) for a in state["allocations"]]

@@ -36,14 +36,18 @@ def _shares(driver: CgroupDriver, path: str) -> Optional[int]:
     return weight_to_shares(int(text)) if text and text.strip().isdigit() else None
 
 
-def recover_state(driver: CgroupDriver, base: str, topo: Topology) -> Optional[State]:
-    """The state the tree under ``base`` shows; ``None`` if there is no tree."""
+def recover_state(driver: CgroupDriver, base: str, topo: Topology,
+                  reserved: Optional[tuple] = None) -> Optional[State]:
+    """The state the tree under ``base`` shows; ``None`` if there is no tree. ``reserved``: the
+    reserved cpus when the caller knows them (its configuration); else read from the system
+    cgroup, whose cpuset is the reserved pool (or the shared pool when there is none)."""
     if not driver.exists(base):
         return None
     online = set(topo.online_cpus())
-    reserved = tuple(c for c in _cpus(driver, f"{base}/system", "cpuset.cpus") if c in online)
+    if reserved is None:
+        reserved = tuple(c for c in _cpus(driver, f"{base}/system", "cpuset.cpus") if c in online) or None
     try:
-        state = initial_state(topo, reserved or None)
+        state = initial_state(topo, reserved)
     except Exception:  # noqa: BLE001 - a tree from another machine shape: fall back to defaults
         state = initial_state(topo)
     all_mems = memory_nodes(topo)
