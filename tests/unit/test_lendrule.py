@@ -19,7 +19,7 @@ def nodes(*rows):
     # one online node is never lent
     (1, nodes(("a", 64, 0)), [], False, []),
     # over the threshold: as many lent nodes back as bring the level under it, at once
-    (300, nodes(("a", 64, 9), ("b", 64, 9)), [("x", 64), ("y", 64), ("z", 64), ("w", 64)], False,
+    (250, nodes(("a", 64, 9), ("b", 64, 9)), [("x", 64), ("y", 64), ("z", 64), ("w", 64)], False,
      [(TAKE_BACK, "x"), (TAKE_BACK, "y"), (TAKE_BACK, "z")]),
     # just over: one back
     (120, nodes(("a", 64, 9), ("b", 64, 9)), [("x", 64), ("y", 64)], False, [(TAKE_BACK, "x")]),
