@@ -15,8 +15,16 @@
 | GET    | /v1/net                       |                     | 200 traffic classes per NIC      |
 
 Errors are JSON ``{"error": "<one line>"}`` with 400 (malformed or invalid
-request), 404 (no such workload or path), 409 (name in use), 422 (does not
-fit now), 500 (the kernel refused a write; nothing is left half-applied).
+request), 403 (the caller may not: see ``agent.authority``), 404 (no such
+workload or path), 405 (method not allowed), 409 (name in use), 422 (does
+not fit now), 503 (too many connections), 500 (the kernel refused a write;
+nothing is left half-applied).
+
+Bounded: at most ``MAX_CONNECTIONS`` connections per listener (more are
+answered 503 and closed at once), ``IDLE_TIMEOUT`` seconds to send a
+request's headers and body (a silent or half-open connection is closed),
+bodies up to ``MAX_BODY``, a listen backlog of ``BACKLOG``. A slow client
+holds one thread of its own, never the agent's loop or another client.
 """
 
 from __future__ import annotations
@@ -26,21 +34,38 @@ import logging
 import os
 import socket
 import socketserver
+import struct
 import threading
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from typing import Any, Dict, Optional, Tuple
 from urllib.parse import urlsplit
 
-from agent.errors import AdmissionError, Conflict, NotFound, TidalError, Unfit
+from agent.authority import Caller, check, may_touch, pid_owner, token_matches
+from agent.errors import AdmissionError, Conflict, Forbidden, NotFound, TidalError, Unfit
 from contracts.capacity import render_capacity
 
 log = logging.getLogger("tidal.api")
 MAX_BODY = 1 << 20
+MAX_CONNECTIONS = 256
+IDLE_TIMEOUT = 10.0
+BACKLOG = 512
+_PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
+
+
+class _SlowClient(Exception):
+    """A request that did not arrive whole within the idle timeout (answered 408, then closed)."""
 
 
 class _Handler(BaseHTTPRequestHandler):
     server_version = "tidal"
     protocol_version = "HTTP/1.1"
+    timeout = IDLE_TIMEOUT  # per socket read: headers and body must keep coming
+
+    def _caller(self) -> Caller:
+        if isinstance(self.server, _UnixServer):
+            raw = self.connection.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size)
+            return Caller("unix", uid=_PEERCRED.unpack(raw)[1])
+        return Caller("tcp", token_ok=token_matches(self.headers.get("Authorization"), self.server.token))
 
     def log_message(self, fmt: str, *args: Any) -> None:
         log.debug("api: " + fmt, *args)
@@ -64,7 +89,12 @@ class _Handler(BaseHTTPRequestHandler):
             raise AdmissionError("bad Content-Length") from None
         if size < 0 or size > MAX_BODY:
             raise AdmissionError(f"body must be 0..{MAX_BODY} bytes")
-        raw = self.rfile.read(size) if size else b""
+        try:
+            raw = self.rfile.read(size) if size else b""
+        except TimeoutError:
+            raise _SlowClient(f"the body did not arrive within {IDLE_TIMEOUT:g} s") from None
+        if len(raw) < size:
+            raise _SlowClient("the connection closed before the whole body arrived")
         try:
             return json.loads(raw or b"null")
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
@@ -77,6 +107,8 @@ class _Handler(BaseHTTPRequestHandler):
             if parts[:1] != ["v1"] and parts != ["metrics"]:
                 raise NotFound(f"no such path {self.path!r}")
             route = parts[1:]
+            caller = self._caller()
+            check(caller, method, route if parts[:1] == ["v1"] else parts)
             if method == "GET" and parts == ["metrics"]:
                 from agent.reporter.metrics import CONTENT_TYPE, render
 
@@ -106,18 +138,32 @@ class _Handler(BaseHTTPRequestHandler):
             if method == "GET" and route == ["workloads"]:
                 return self._send(200, {"workloads": agent.workloads()})
             if method == "POST" and route == ["workloads"]:
-                return self._send(201, {"workload": agent.admit(self._body())})
+                owner = None if caller.is_root else caller.uid
+                return self._send(201, {"workload": agent.admit(self._body(), owner=owner)})
             if method == "DELETE" and len(route) == 2 and route[0] == "workloads":
+                _own(agent, caller, route[1])
                 agent.release(route[1])
                 return self._send(200, {"released": route[1]})
             if method == "POST" and len(route) == 3 and route[0] == "workloads" and route[2] == "attach":
                 body = self._body()
                 if not isinstance(body, dict):
                     raise AdmissionError('body must be {"pid": N}')
-                return self._send(200, {"workload": agent.attach(route[1], body.get("pid"))})
+                _own(agent, caller, route[1])
+                pid = body.get("pid")
+                if not caller.is_root and isinstance(pid, int) and pid_owner(pid) != caller.uid:
+                    raise Forbidden(f"{caller.describe()} may attach only its own processes; pid {pid} is not")
+                return self._send(200, {"workload": agent.attach(route[1], pid)})
             raise NotFound(f"no such path {method} {self.path}")
+        except _SlowClient as exc:
+            self.close_connection = True
+            try:
+                self._send(408, {"error": str(exc)})
+            except OSError:
+                pass
         except AdmissionError as exc:
             self._send(400, {"error": str(exc)})
+        except Forbidden as exc:
+            self._send(403, {"error": str(exc)})
         except NotFound as exc:
             self._send(404, {"error": str(exc)})
         except Conflict as exc:
@@ -138,6 +184,28 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_DELETE(self) -> None:
         self._dispatch("DELETE")
+
+    def _not_allowed(self) -> None:
+        self.close_connection = True  # a body we will not read may follow
+        self._send(405, {"error": f"method {self.command} is not allowed (GET, POST, DELETE)"})
+
+    do_PUT = do_PATCH = do_HEAD = do_OPTIONS = do_TRACE = do_CONNECT = _not_allowed
+
+    def send_error(self, code: int, message: Optional[str] = None, explain: Optional[str] = None) -> None:
+        """The server's own errors (a malformed request line, headers too long, an unknown
+        method) as one JSON line like every other answer, never HTML."""
+        self.close_connection = True
+        try:
+            self._send(code, {"error": message or self.responses.get(code, ("error",))[0]})
+        except OSError:
+            pass
+
+
+def _own(agent, caller: Caller, name: str) -> None:
+    """Non-root callers may release or attach to their own workloads only."""
+    owner = agent.owner_of(name)  # NotFound when there is no such workload
+    if not may_touch(caller, owner):
+        raise Forbidden(f"{caller.describe()} may not change workload {name!r}: it is not its own")
 
 
 MAX_WAIT_S = 300.0
@@ -187,16 +255,48 @@ def _capacity(agent, raw_path: str) -> Any:
     return render_capacity(doc, fmt)
 
 
-class _UnixServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
-    daemon_threads = True
+_BUSY_BODY = b'{"error": "too many connections; try again"}\n'
+_BUSY = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nConnection: close\r\n"
+         b"Content-Length: %d\r\n\r\n%s" % (len(_BUSY_BODY), _BUSY_BODY))
 
+
+class _Bounded(socketserver.ThreadingMixIn):
+    """At most ``MAX_CONNECTIONS`` at once: the next is answered 503 and closed, so a flood of
+    idle connections costs neither file descriptors nor threads beyond the cap."""
+
+    daemon_threads = True
+    request_queue_size = BACKLOG
+    token: Optional[str] = None
+
+    def server_activate(self) -> None:
+        self.slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        super().server_activate()
+
+    def process_request(self, request, client_address) -> None:
+        if not self.slots.acquire(blocking=False):
+            try:
+                request.sendall(_BUSY)
+            except OSError:
+                pass
+            self.shutdown_request(request)
+            return
+        super().process_request(request, client_address)
+
+    def process_request_thread(self, request, client_address) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.slots.release()
+
+
+class _UnixServer(_Bounded, socketserver.UnixStreamServer):
     def get_request(self) -> Tuple[socket.socket, Tuple[str, int]]:
         conn, _ = super().get_request()
         return conn, ("local", 0)
 
 
-class _TcpServer(socketserver.ThreadingMixIn, HTTPServer):
-    daemon_threads = True
+class _TcpServer(_Bounded, HTTPServer):
+    pass
 
 
 class Servers:
@@ -229,21 +329,27 @@ def _prepare_socket_path(path: str) -> None:
             probe.close()
 
 
-def serve_agent(agent, socket_path: str, tcp_port: Optional[int] = None, poll_interval: float = 0.5) -> Servers:
+def serve_agent(agent, socket_path: str, tcp_port: Optional[int] = None, poll_interval: float = 0.5,
+                socket_group: Optional[int] = None, tcp_token: Optional[str] = None) -> Servers:
     """Serve in daemon threads. ``poll_interval`` is how often an idle server wakes
-    to check for shutdown: each wake costs cpu, so the agent keeps it long."""
+    to check for shutdown: each wake costs cpu, so the agent keeps it long.
+    ``socket_group``: a gid whose members may use the socket (mode 0660) with a user's
+    authority; ``tcp_token``: the bearer token that gives TCP clients root's (see authority)."""
     _prepare_socket_path(socket_path)
     old_umask = os.umask(0o177)
     try:
         unix = _UnixServer(socket_path, _Handler)
     finally:
         os.umask(old_umask)
-    os.chmod(socket_path, 0o600)
+    if socket_group is not None:
+        os.chown(socket_path, 0, socket_group)
+    os.chmod(socket_path, 0o660 if socket_group is not None else 0o600)
     unix.agent = agent
     servers = [unix]
     if tcp_port is not None:
         tcp = _TcpServer(("127.0.0.1", tcp_port), _Handler)
         tcp.agent = agent
+        tcp.token = tcp_token
         servers.append(tcp)
     for server in servers:
         threading.Thread(target=server.serve_forever, kwargs={"poll_interval": poll_interval}, name="tidal-api",

@@ -121,7 +121,12 @@ def parse_reserved(value: Optional[str]):
               help="cpus of the system_cores pool (default: the first physical core).")
 @click.option("--period", default=1.0, show_default=True, type=click.FloatRange(0.01, 3600),
               help="Seconds between reconcile loops (usage sampling, pool resizing, drift repair).")
-@click.option("--tcp-port", default=None, type=click.IntRange(1, 65535), help="Also serve on 127.0.0.1:PORT.")
+@click.option("--tcp-port", default=None, type=click.IntRange(1, 65535),
+              help="Also serve on 127.0.0.1:PORT: read-only (health, capacity, metrics, status) without a token.")
+@click.option("--tcp-token-file", default=None, type=click.Path(dir_okay=False),
+              help="With --tcp-port: a root-owned 0600 file whose token (Authorization: Bearer) allows writes.")
+@click.option("--socket-group", default=None, metavar="GROUP",
+              help="Let this group's members use the socket (0660) for their own workloads and processes.")
 @click.option("--cgroup-base", default="tidal", show_default=True, help="Name of Tidal's cgroup tree.")
 @click.option("--cgroup-parent", default="/", show_default=True, type=click.Choice(["/", "self"]),
               help="Create the tree at each hierarchy's root, or under the agent's own cgroup (delegation).")
@@ -159,7 +164,8 @@ def parse_reserved(value: Optional[str]):
               help="With --kube-node: the kubelet's cgroup driver (default: detected).")
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["debug", "info", "warning", "error"]))
-def agent(root: str, socket_path: str, state_dir: str, reserved_cpus, period: float, tcp_port, cgroup_base: str,
+def agent(root: str, socket_path: str, state_dir: str, reserved_cpus, period: float, tcp_port, tcp_token_file,
+          socket_group, cgroup_base: str,
           cgroup_parent: str, no_resize: bool, revert: bool, push_command, push_url, eviction_grace: float,
           online_policy: str, hooks, guard_interval: float, no_confine_self: bool, record_cgroups: bool,
           online_nic, offline_nic, offline_gateway, net_netns, no_ingress_shaping: bool, kube_node, kubeconfig,
@@ -176,7 +182,8 @@ def agent(root: str, socket_path: str, state_dir: str, reserved_cpus, period: fl
                          revert_on_exit=revert, record_cgroups=record_cgroups, confine_self=not no_confine_self,
                          push_command=parse_argv("--push-command", push_command), push_url=push_url,
                          eviction_grace=eviction_grace, online_policy=online_policy, hooks=parse_hooks(hooks),
-                         guard_interval=guard_interval,
+                         guard_interval=guard_interval, socket_group=group_id(socket_group),
+                         tcp_token=tcp_token(tcp_port, tcp_token_file),
                          net=net_config(online_nic, offline_nic, offline_gateway, net_netns, not no_ingress_shaping))
     agent = Agent(config, echo=click.echo)
     if kube_node:
@@ -192,6 +199,27 @@ def agent(root: str, socket_path: str, state_dir: str, reserved_cpus, period: fl
 
         agent.on_started = on_start
     sys.exit(agent.run())
+
+
+def group_id(name: Optional[str]) -> Optional[int]:
+    if name is None:
+        return None
+    import grp
+
+    try:
+        return grp.getgrnam(name).gr_gid
+    except KeyError:
+        raise TidalError(f"--socket-group {name!r}: no such group") from None
+
+
+def tcp_token(port: Optional[int], path: Optional[str]) -> Optional[str]:
+    if path is None:
+        return None
+    if port is None:
+        raise TidalError("--tcp-token-file goes with --tcp-port")
+    from agent.authority import read_token
+
+    return read_token(path)
 
 
 def net_config(online_nic, offline_nic, gateway, netns, ingress: bool):

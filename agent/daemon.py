@@ -85,6 +85,8 @@ class AgentConfig:
     usage_period: float = 10.0  # seconds between per-workload usage samples (pool aggregates: every period)
     cgroup_options: CgroupOptions = field(default_factory=CgroupOptions)
     net: Optional[Any] = None  # isolation.net.policy.NetConfig: shape traffic of these NICs
+    socket_group: Optional[int] = None  # a gid whose members may use the socket with a user's authority
+    tcp_token: Optional[str] = None  # bearer token that lets TCP clients write (agent.authority)
 
 
 def _iso(epoch: float) -> str:
@@ -292,7 +294,7 @@ class Agent:
         self.store.save(state, self.topology)
         self.state = state
 
-    def admit(self, doc: Any, source: str = LOCAL) -> Dict[str, Any]:
+    def admit(self, doc: Any, source: str = LOCAL, owner: Optional[int] = None) -> Dict[str, Any]:
         """Admit a request from ``source`` (see ``qrm.model.SOURCES``): the source, not Tidal's
         tree, later says when the workload is gone."""
         if source not in SOURCES:
@@ -310,7 +312,7 @@ class Agent:
                 if "already in use" in decision.reason:
                     raise Conflict(decision.reason)
                 raise Unfit(f"{decision.name}: {decision.reason}")
-            decision = replace(decision, source=source)
+            decision = replace(decision, source=source, owner=owner)
             self._commit(self._with_capacity(self.state.with_allocation(decision)))
             self.created_at[decision.name] = time.monotonic()
             self.seen_procs[decision.name] = False
@@ -346,6 +348,14 @@ class Agent:
             if self.placements.get(name) != paths:
                 self.placements[name] = paths
                 self.reconcile()
+
+    def owner_of(self, name: str) -> Optional[int]:
+        """The uid that admitted workload ``name`` through the socket (None: root); NotFound if none."""
+        with self.lock:
+            alloc = self.state.get(name)
+            if alloc is None:
+                raise NotFound(f"no workload named {name!r}")
+            return alloc.owner
 
     def cgroups_of(self, alloc: Allocation) -> tuple:
         """The cgroups a workload's processes live in: its placement, else its leaf in Tidal's tree."""
@@ -779,7 +789,8 @@ class Agent:
     def serve(self) -> None:
         from agent.api import serve_agent
 
-        self._server = serve_agent(self, self.config.socket_path, self.config.tcp_port, self.config.api_poll_interval)
+        self._server = serve_agent(self, self.config.socket_path, self.config.tcp_port, self.config.api_poll_interval,
+                                   socket_group=self.config.socket_group, tcp_token=self.config.tcp_token)
 
     def run(self) -> int:
         from agent import sdnotify

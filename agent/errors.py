@@ -31,3 +31,7 @@ class Conflict(TidalError):
 
 class Unfit(TidalError):
     """A valid request that does not fit the node now (422)."""
+
+
+class Forbidden(TidalError):
+    """The caller may not do this (the API answers 403; see ``agent.authority``)."""

@@ -87,6 +87,7 @@ class Allocation:
     reclaim_allowed: bool = False
     tier: Tier = Tier.LOW
     source: str = LOCAL  # who decides when it is gone (see SOURCES)
+    owner: Optional[int] = None  # the uid that admitted it through the socket; None: root (agent.authority)
 
     def to_dict(self) -> Dict[str, object]:
         return {
@@ -94,6 +95,7 @@ class Allocation:
             "mems": list(self.mems), "nodes": list(self.nodes), "gpus": list(self.gpus),
             "numa_binding": self.numa_binding, "numa_exclusive": self.numa_exclusive,
             "reclaim_allowed": self.reclaim_allowed, "tier": self.tier.value, "source": self.source,
+            "owner": self.owner,
         }
 
     @classmethod
@@ -105,6 +107,7 @@ class Allocation:
             numa_binding=bool(data.get("numa_binding", False)), numa_exclusive=bool(data.get("numa_exclusive", False)),
             reclaim_allowed=bool(data.get("reclaim_allowed", False)), tier=Tier(data.get("tier", "low")),
             source=str(data.get("source", LOCAL)),
+            owner=None if data.get("owner") is None else int(data["owner"]),
         )
 
 

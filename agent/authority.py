@@ -1,0 +1,100 @@
+"""Who may do what through the agent's API.
+
+The agent moves processes between cgroups and kills them (evictions,
+lending): whoever drives it can stop any process on the node. So:
+
+| caller                                         | may                                                     |
+|------------------------------------------------|---------------------------------------------------------|
+| the unix socket, uid 0 (``SO_PEERCRED``)       | everything                                              |
+| the unix socket, another uid (``--socket-group``) | read; admit workloads (owned by that uid); release and attach only its own; attach only pids it owns; never lend or take back the node |
+| loopback TCP with ``Authorization: Bearer <token>`` (``--tcp-token-file``) | everything          |
+| loopback TCP without it                        | read-only: health, capacity, metrics, status            |
+
+The socket is mode 0600 (root only) unless ``--socket-group`` opens it to
+one group (0660). The token file must be a regular file owned by root and
+readable by nobody else; tokens are compared in constant time.
+"""
+
+from __future__ import annotations
+
+import hmac
+import os
+import stat
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+from agent.errors import Forbidden, TidalError  # noqa: F401 - Forbidden is raised here
+
+TCP_READ_ONLY = (("GET", ("health",)), ("GET", ("status",)), ("GET", ("capacity",)), ("GET", ("metrics",)))
+MIN_TOKEN = 16
+
+
+@dataclass(frozen=True)
+class Caller:
+    via: str  # "unix" or "tcp"
+    uid: Optional[int] = None  # the peer's uid on the unix socket
+    token_ok: bool = False  # TCP: a valid bearer token was sent
+
+    @property
+    def is_root(self) -> bool:
+        return (self.via == "unix" and self.uid == 0) or (self.via == "tcp" and self.token_ok)
+
+    def describe(self) -> str:
+        return f"uid {self.uid}" if self.via == "unix" else "an unauthenticated TCP client"
+
+
+def check(caller: Caller, method: str, route: Sequence[str]) -> None:
+    """Raise ``Forbidden`` when ``caller`` may not call ``method route`` at all (``route`` without
+    the ``v1`` prefix; ``("metrics",)`` for /metrics). Ownership checks come later, per workload."""
+    if caller.is_root:
+        return
+    if caller.via == "tcp":
+        if (method, tuple(route)) in TCP_READ_ONLY:
+            return
+        raise Forbidden(f"{method} /{'/'.join(route)}: the TCP port is read-only without a token "
+                        f"(the agent's --tcp-token-file)")
+    if method == "GET":
+        return
+    if tuple(route[:1]) == ("node",):
+        raise Forbidden(f"{caller.describe()} may not change the node's lending state (root only)")
+
+
+def may_touch(caller: Caller, owner: Optional[int]) -> bool:
+    """May ``caller`` release or attach to a workload owned by ``owner`` (None: root's)?"""
+    return caller.is_root or (owner is not None and caller.uid == owner)
+
+
+def pid_owner(pid: int, proc: str = "/proc") -> Optional[int]:
+    """The uid that owns process ``pid`` (its /proc directory), or None if there is no such process."""
+    try:
+        return os.stat(f"{proc}/{pid}").st_uid
+    except OSError:
+        return None
+
+
+def read_token(path: str) -> str:
+    """The bearer token from ``path``: a regular file owned by root, not readable by others."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise TidalError(f"--tcp-token-file {path}: {exc.strerror}") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise TidalError(f"--tcp-token-file {path}: not a regular file")
+        if info.st_uid != 0 or info.st_mode & 0o077:
+            raise TidalError(f"--tcp-token-file {path}: must be owned by root with mode 0600 or 0400 "
+                             f"(it is uid {info.st_uid}, mode {stat.S_IMODE(info.st_mode):04o})")
+        token = os.read(fd, 4096).decode(errors="replace").strip()
+    finally:
+        os.close(fd)
+    if len(token) < MIN_TOKEN or any(c.isspace() for c in token):
+        raise TidalError(f"--tcp-token-file {path}: the token must be at least {MIN_TOKEN} characters "
+                         f"without whitespace (e.g. `openssl rand -hex 32`)")
+    return token
+
+
+def token_matches(header: Optional[str], token: Optional[str]) -> bool:
+    if not token or not header or not header.startswith("Bearer "):
+        return False
+    return hmac.compare_digest(header[len("Bearer "):].strip().encode(), token.encode())
