@@ -101,7 +101,7 @@ def run(steps: int = 10, hold_s: float = 1.0, timeout_s: float = 5.0) -> Dict[st
             time.sleep(hold_s)
     finally:
         stop.set()
-        agent._stop.set()
+        agent.stop()
         for proc in loads:
             proc.kill()
             proc.wait()

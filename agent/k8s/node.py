@@ -248,7 +248,7 @@ class KubeNodeAgent:
         with self.lock:
             cap = agent.capacity
             memory = {r.workload: r.memory for r in self.pods.values()}
-            return build_nrt(self.node, agent.topology, agent.state, agent._pools(), memory,
+            return build_nrt(self.node, agent.topology, agent.state, agent.pools(), memory,
                              cap.millicpu if cap else 0, cap.memory_bytes if cap else 0,
                              agent.lending.current.state, self.pods.keys(), now)
 

@@ -7,6 +7,7 @@ reconcile duration and count, drift repairs, node state.
 
 from __future__ import annotations
 
+import weakref
 from typing import Iterator
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -83,10 +84,14 @@ class AgentCollector(Collector):
             yield g
 
 
+_registries: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
 def render(agent) -> bytes:
-    registry = getattr(agent, "_metrics_registry", None)
+    """The agent's metrics in Prometheus' text format (one registry per agent, made once)."""
+    registry = _registries.get(agent)
     if registry is None:
         registry = CollectorRegistry(auto_describe=False)
         registry.register(AgentCollector(agent))
-        agent._metrics_registry = registry
+        _registries[agent] = registry
     return generate_latest(registry)

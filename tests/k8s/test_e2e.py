@@ -202,7 +202,7 @@ def test_ordinary_pods_schedule_and_their_cgroups_are_written_in_the_kubelet_lay
         # written by the agent's Reconciler within a period; the shared pool moves as other pods come and go,
         # and the pod's cpuset follows it
         files = node_agent.agent.driver.files
-        wait_for(lambda: files[path].get(("cpuset", "cpuset.cpus")) == format_cpulist(node_agent.agent._pools().shared),
+        wait_for(lambda: files[path].get(("cpuset", "cpuset.cpus")) == format_cpulist(node_agent.agent.pools().shared),
                  f"{path} to hold the shared pool")
         assert node_agent.agent.state.get(f"default.{name}").source == "kubernetes"
         assert not node_agent.agent.driver.exists(f"tidal/shared/default.{name}")  # not Tidal's tree

@@ -130,13 +130,13 @@ def test_pool_resizing_moves_cpus_while_processes_run(tmp_path, base, procs):
         shared_before, reclaimed_before = allowed(online.pid), allowed(offline.pid)
         assert not shared_before & reclaimed_before and shared_before | reclaimed_before == cpus
         # online needs more: lend nothing
-        agent._commit(agent.state.with_reclaim_cpus(0))
+        agent.owner.commit(agent.state.with_reclaim_cpus(0))
         report = agent.reconcile()
         assert report.ok, report.failed
         assert allowed(online.pid) == cpus  # the shared pool took every cpu back
         assert offline.poll() is None  # offline kept running (parked on a throttled cpu)
         # and lend again
-        agent._commit(agent.state.with_reclaim_cpus(None))
+        agent.owner.commit(agent.state.with_reclaim_cpus(None))
         assert agent.reconcile().ok
         assert allowed(online.pid) == shared_before and allowed(offline.pid) == reclaimed_before
     finally:

@@ -290,7 +290,7 @@ def test_moving_a_pod_to_other_cpus_keeps_containers_inside_the_pod_at_every_ste
     moved = replace(alloc, cpus=tuple(c for c in topo_dual_socket_ht.online_cpus() if c not in first)[:2])
     cgroups.ops.clear()
     with agent.lock:
-        agent._commit(agent.state.without(alloc.name).with_allocation(moved))
+        agent.owner.commit(agent.state.without(alloc.name).with_allocation(moved))
         agent.reconcile()
     cpus_writes = [(op[1], op[4]) for op in cgroups.ops if op[0] == "write" and op[3] == "cpuset.cpus"
                    and op[1].startswith("kubepods/")]

@@ -1,0 +1,182 @@
+"""Admission: workloads in and out, from every source, by one road.
+
+* ``admit(doc, source, owner)``: the request is parsed, checked against the
+  node's lending state, decided by ``qrm.allocate`` and committed; the kernel
+  is reconciled at once, and a workload whose cgroup cannot be set up is
+  taken out again (nothing half-applied).
+* ``place(name, paths)``: where a workload of another source lives (a pod's
+  cgroups); ``attach(name, pid)``: a process into a local workload's cgroup.
+* ``release``: by the API, or by the workload's source: a local workload
+  when its cgroup stayed empty (``release_empty``: after ``empty_grace`` for
+  one that never had a process), a pod when the API server says it is gone.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import replace
+from typing import Any, Dict, List, Optional
+
+from agent.errors import AdmissionError, Conflict, NotFound, Unfit
+from agent.isolation.cgroups.detect import CgroupError
+from agent.lending import OFFLINE, TO_OFFLINE, TO_ONLINE, NodeLending
+from agent.qrm.assignment import assignment
+from agent.qrm.model import LOCAL, SOURCES, Allocation, QoS, Rejection
+from agent.qrm.policy import allocate, release
+from agent.qrm.requests import parse_request
+from agent.services.enforcement import Enforcement
+from agent.services.harvest import Harvest
+from agent.services.owner import StateOwner
+from agent.topology.parse import format_cpulist
+
+log = logging.getLogger("tidal.agent")
+
+
+class Admission:
+    def __init__(self, owner: StateOwner, enforcement: Enforcement, harvest: Harvest, lending: NodeLending,
+                 empty_grace: float, counters: Dict[str, int]) -> None:
+        self.owner = owner
+        self.enforcement = enforcement
+        self.harvest = harvest
+        self.lending = lending
+        self.empty_grace = empty_grace
+        self.counters = counters
+        self.seen_procs: Dict[str, bool] = {}
+        self.created_at: Dict[str, float] = {}
+
+    def track_all(self) -> None:
+        """At start: every workload of the checkpoint starts its empty-cgroup grace now."""
+        now = time.monotonic()
+        for alloc in self.owner.state.allocations:
+            self.created_at[alloc.name] = now
+            self.seen_procs[alloc.name] = False
+
+    def forget(self, name: str) -> None:
+        self.seen_procs.pop(name, None)
+        self.created_at.pop(name, None)
+
+    def admit(self, doc: Any, source: str = LOCAL, owner: Optional[int] = None) -> Dict[str, Any]:
+        """Admit a request from ``source`` (see ``qrm.model.SOURCES``): the source, not Tidal's
+        tree, later says when the workload is gone."""
+        if source not in SOURCES:
+            raise ValueError(f"unknown workload source {source!r}")
+        request = parse_request(doc)  # AdmissionError -> 400
+        state_owner = self.owner
+        with state_owner.lock:
+            node = self.lending.current.state
+            if node in (TO_OFFLINE, TO_ONLINE):
+                raise Conflict(f"the node is {node}: nothing new is placed during a transition")
+            if node == OFFLINE and request.qos in (QoS.DEDICATED, QoS.SHARED):
+                raise Conflict("the node is lent (Offline): only reclaimed_cores and system_cores are placed")
+            state_owner.state = self.harvest.with_capacity(state_owner.state)
+            decision = allocate(state_owner.topology, state_owner.state, request)
+            if isinstance(decision, Rejection):
+                if "already in use" in decision.reason:
+                    raise Conflict(decision.reason)
+                raise Unfit(f"{decision.name}: {decision.reason}")
+            decision = replace(decision, source=source, owner=owner)
+            state_owner.commit(self.harvest.with_capacity(state_owner.state.with_allocation(decision)))
+            self.created_at[decision.name] = time.monotonic()
+            self.seen_procs[decision.name] = False
+            report = self.enforcement.reconcile()
+            mine = set(self.enforcement.cgroups_of(decision))
+            failed = [f for f in report.failed if f[0] in mine]
+            if failed:
+                state_owner.commit(state_owner.state.without(decision.name))
+                self.enforcement.reconcile()
+                raise CgroupError(f"{decision.name}: cgroup setup failed: {failed[0][2]}")
+            return self.describe(decision)
+
+    def release(self, name: str) -> None:
+        owner = self.owner
+        with owner.lock:
+            if owner.state.get(name) is None:
+                raise NotFound(f"no workload named {name!r}")
+            owner.commit(self.harvest.with_capacity(release(owner.state, name)))
+            owner.placements.pop(name, None)
+            self.forget(name)
+            self.enforcement.reconcile()
+
+    def place(self, name: str, paths) -> None:
+        """Say where a workload's processes live (cgroups its source's owner made, parent first,
+        e.g. a pod's cgroup then its containers'); the Reconciler writes its assignment there
+        from now on. Only for workloads of a source other than ``local``."""
+        paths = tuple(paths)
+        owner = self.owner
+        with owner.lock:
+            alloc = owner.state.get(name)
+            if alloc is None:
+                raise NotFound(f"no workload named {name!r}")
+            if alloc.source == LOCAL:
+                raise Conflict(f"{name} is a local workload: its processes live in Tidal's tree")
+            if owner.placements.get(name) != paths:
+                owner.placements[name] = paths
+                self.enforcement.reconcile()
+
+    def owner_of(self, name: str) -> Optional[int]:
+        """The uid that admitted workload ``name`` through the socket (None: root); NotFound if none."""
+        with self.owner.lock:
+            alloc = self.owner.state.get(name)
+            if alloc is None:
+                raise NotFound(f"no workload named {name!r}")
+            return alloc.owner
+
+    def attach(self, name: str, pid: Any) -> Dict[str, Any]:
+        if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0:
+            raise AdmissionError(f"pid must be a positive integer, got {pid!r}")
+        with self.owner.lock:
+            alloc = self.owner.state.get(name)
+            if alloc is None:
+                raise NotFound(f"no workload named {name!r}")
+            if alloc.source != LOCAL:
+                raise Conflict(f"{name} is a {alloc.source} workload: its processes are placed by its source")
+            try:
+                self.enforcement.driver.move(self.enforcement.cgroups_of(alloc)[0], pid)
+            except CgroupError as exc:
+                if "no such process" in str(exc):
+                    raise AdmissionError(str(exc)) from None
+                raise
+            self.seen_procs[name] = True
+            return self.describe(alloc)
+
+    def describe(self, alloc: Allocation, pool=None) -> Dict[str, Any]:
+        owner, driver = self.owner, self.enforcement.driver
+        pool = pool or owner.pools()
+        given = assignment(owner.topology, alloc, pool, self.enforcement.harvest)
+        paths = self.enforcement.cgroups_of(alloc)
+        path = paths[0] if paths else None
+        return {
+            "name": alloc.name, "qos": alloc.qos.value, "millicpu": alloc.millicpu, "source": alloc.source,
+            "cpus": format_cpulist(given.cpus), "mems": format_cpulist(given.mems),
+            "tier": alloc.tier.value if alloc.qos is QoS.RECLAIMED else None,
+            "numa_binding": alloc.numa_binding, "numa_exclusive": alloc.numa_exclusive, "gpus": list(alloc.gpus),
+            "cgroup": path, "cgroups": list(paths), "cgroup_dirs": driver.where(path) if path else {},
+            "pids": sorted({pid for p in paths for pid in driver.procs(p)}),
+            "usage_millicpu": self.harvest.usage.get(path) if path else None,
+        }
+
+    def workloads(self) -> List[Dict[str, Any]]:
+        with self.owner.lock:
+            pool = self.owner.pools()
+            return [self.describe(a, pool) for a in self.owner.state.allocations]
+
+    def release_empty(self, paths: Dict[str, str], now: float) -> None:
+        """Local workloads whose cgroup stayed empty: released (another source's never are)."""
+        owner = self.owner
+        state = owner.state
+        for alloc in list(state.allocations):
+            if alloc.qos is QoS.SYSTEM or alloc.source != LOCAL:
+                continue  # another source (the API server, for a pod) says when it is gone
+            procs = self.enforcement.driver.procs(paths[alloc.name])
+            if procs:
+                self.seen_procs[alloc.name] = True
+                continue
+            age = now - self.created_at.get(alloc.name, now)
+            if self.seen_procs.get(alloc.name) or age >= self.empty_grace:
+                log.info("releasing %s: its cgroup is empty", alloc.name)
+                state = state.without(alloc.name)
+                self.forget(alloc.name)
+                self.counters["released_empty"] += 1
+        if state is not owner.state:
+            owner.commit(state)

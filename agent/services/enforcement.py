@@ -1,0 +1,130 @@
+"""Enforcement: the state, as assignments, into the kernel through the one Reconciler.
+
+Every workload source ends here: ``qrm.assignment`` says what each workload
+gets, ``desired_tree`` says where (Tidal's tree, or the cgroups a pod's
+processes live in), and the ``Reconciler`` writes the difference. Original
+values of cgroups Tidal did not make are kept beside the checkpoint
+(``originals.json``) so a restarted agent can still revert.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import replace
+from typing import Callable, Dict, Optional, Tuple
+
+from agent.errors import StateError
+from agent.isolation.cgroups.desired import CgroupOptions, desired_tree, harvests
+from agent.isolation.cgroups.driver import CgroupDriver
+from agent.isolation.cgroups.layout import workload_path
+from agent.isolation.cgroups.reconcile import Reconciler, ReconcileReport
+from agent.qrm.model import LOCAL, Allocation
+from agent.services.owner import StateOwner
+from agent.statefiles import keep_bad_copy, read_regular, write_json
+
+log = logging.getLogger("tidal.agent")
+
+
+class Enforcement:
+    def __init__(self, owner: StateOwner, driver: CgroupDriver, base: str, options: CgroupOptions, state_dir: str,
+                 drift_check_period: float, counters: Dict[str, int],
+                 limits: Callable[[], Tuple[Optional[int], Optional[int]]]) -> None:
+        """``limits()``: the reclaimed parent's (cpu cap millicpu, memory max bytes) now."""
+        self.owner = owner
+        self.driver = driver
+        self.base = base
+        self.options = options
+        self.drift_check_period = drift_check_period
+        self.counters = counters
+        self.limits = limits
+        self.reconciler = Reconciler(driver, base)
+        self.originals_path = os.path.join(state_dir, "originals.json")
+        self.last_report: Optional[ReconcileReport] = None
+        self.last_reconcile_ms = 0.0
+        self._last_verify = -1e18
+        self._reconciled_key = None
+
+    @property
+    def harvest(self) -> bool:
+        """Reclaimed work takes the shared pool's idle time (the kernel has cpu.idle, the option is on)."""
+        return harvests(self.options, self.driver.features)
+
+    def cgroups_of(self, alloc: Allocation) -> Tuple[str, ...]:
+        """The cgroups a workload's processes live in: its placement, else its leaf in Tidal's tree."""
+        if alloc.source != LOCAL:
+            return tuple(self.owner.placements.get(alloc.name, ()))
+        return (workload_path(self.base, alloc),)
+
+    def reconcile(self, verify: Optional[bool] = None) -> ReconcileReport:
+        """Apply the state to the kernel. ``verify``: read the whole tree back and
+        repair drift (default: when ``drift_check_period`` has passed)."""
+        owner = self.owner
+        with owner.lock:
+            start = time.perf_counter()
+            if verify is None:
+                verify = start - self._last_verify >= self.drift_check_period
+            if verify:
+                self._last_verify = start
+            cap, memory = self.limits()  # the reclaimed parent's cpu and memory limits: the current capacity
+            options = replace(self.options, base=self.base, reclaimed_cap_millicpu=cap, reclaimed_memory_max=memory)
+            # the state object itself, compared by identity (an id() could be reused once freed); with
+            # placements the Reconciler looks every pass (a pod's cgroups appear when the kubelet makes them)
+            last = self._reconciled_key
+            unchanged = (last is not None and last[0] is owner.state and last[1] == options
+                         and last[2] == owner.placements and not owner.placements)
+            if not verify and unchanged and self.last_report is not None:
+                return ReconcileReport()  # nothing changed since the last pass: no work at all
+            self._reconciled_key = (owner.state, options, dict(owner.placements))
+            specs = desired_tree(owner.topology, owner.state, owner.pools(), options, self.driver.features,
+                                 owner.placements)
+            report = self.reconciler.apply(specs, verify=verify)
+            self.last_reconcile_ms = (time.perf_counter() - start) * 1000
+            self.counters["reconciles"] += 1
+            self.counters["drift_repairs"] += len(report.repaired)
+            self.counters["reconcile_failures"] += len(report.failed)
+            for path, file, was, now in report.repaired:
+                log.warning("repaired %s/%s: found %r, wrote %r", path, file, was, now)
+            for path, file, error in report.failed:
+                log.error("cgroup write failed: %s", error)
+            self.last_report = report
+            if self.reconciler.originals:
+                self.save_originals()
+            return report
+
+    # ---- originals: what others' cgroups held before Tidal wrote them -------------------------
+
+    def load_originals(self) -> Optional[str]:
+        """Adopt the saved originals; a warning line when the file is unusable (kept as .bad-N)."""
+        try:
+            raw = read_regular(self.originals_path)
+            if raw is None:
+                return None
+            import json
+
+            data = json.loads(raw)
+            rows = data.get("originals") if isinstance(data, dict) else None
+            if not isinstance(rows, list) or not all(
+                    isinstance(r, list) and len(r) == 4 and all(isinstance(x, str) for x in r[:3])
+                    and (r[3] is None or isinstance(r[3], str)) for r in rows):
+                raise ValueError("expected {\"originals\": [[path, controller, file, value], ...]}")
+            self.reconciler.adopt({"originals": rows})
+            return None
+        except (StateError, ValueError, UnicodeDecodeError) as exc:
+            kept = keep_bad_copy(self.originals_path)
+            return f"{self.originals_path} unusable ({exc}); kept as {kept}; original values of others' cgroups " \
+                   f"written before are not known"
+
+    def save_originals(self) -> None:
+        data = self.reconciler.export()
+        if data["originals"]:
+            write_json(self.originals_path, data)
+
+    def revert(self) -> ReconcileReport:
+        report = self.reconciler.revert()
+        try:
+            os.unlink(self.originals_path)
+        except OSError:
+            pass
+        return report

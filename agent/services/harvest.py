@@ -1,0 +1,274 @@
+"""Harvest: what online leaves idle, measured, sized and published.
+
+Every period: sample usage (the pools' aggregates; each workload's every
+``usage_period``); online = everything but the reclaimed and dedicated trees;
+resize the reclaim pool (``ReclaimSizer``); estimate the reclaimed capacity
+(``CapacityEstimator``; both use THE headroom rule, ``contracts.headroom``);
+publish it (generation, long-pollers, the push to offline agents) when it
+changes. Between periods the fast guard watches online's own cgroups and
+takes every lent cpu back at once when online saturates its pool.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from typing import Any, Callable, Dict, List, Optional
+
+from agent.lending import OFFLINE, NodeLending
+from agent.qrm.policy import State, _layout
+from agent.reporter.capacity import MIB, Capacity, CapacityEstimator, HourlyHistory
+from agent.reporter.headroom import ReclaimSizer
+from agent.reporter.usage import UsageSampler
+from agent.services.enforcement import Enforcement
+from agent.services.owner import StateOwner
+
+log = logging.getLogger("tidal.agent")
+TREES = ("reclaimed", "dedicated", "shared", "system")
+
+
+class Harvest:
+    def __init__(self, owner: StateOwner, enforcement: Enforcement, lending: NodeLending, config,
+                 counters: Dict[str, int], history_path: str) -> None:
+        self.owner = owner
+        self.enforcement = enforcement
+        self.driver = enforcement.driver
+        self.lending = lending
+        self.config = config
+        self.counters = counters
+        self.sizer = ReclaimSizer()
+        self.estimator = CapacityEstimator(history=HourlyHistory(history_path))
+        self.sampler: Optional[UsageSampler] = None
+        self.usage: Dict[str, int] = {}
+        self.cpu_usage: Dict[int, int] = {}
+        self.online_millicpu = 0
+        self.online_bytes = 0
+        self.capacity: Optional[Capacity] = None
+        self.generation = 0
+        self.updated_at = time.time()
+        self.on_change: Optional[Callable[[], None]] = None  # the push to offline agents
+        self._published_node = None
+        self._saved_hour = None
+        self._percpu_last = None
+        base = enforcement.base
+        self.aggregates = [f"{base}/{tree}" for tree in TREES]
+        # the pool aggregates are read every period: through files kept open (see usage_reader)
+        self._aggregate_readers = {p: self.driver.usage_reader(p) for p in self.aggregates}
+        self._percpu_readers = [self.driver.percpu_reader(f"{base}/{tree}") for tree in ("reclaimed", "dedicated")]
+
+    def start(self) -> None:
+        self.sampler = UsageSampler(self._cpu_usage_ns, cpu_ids=self.owner.topology.online_cpus())
+        self.estimator.history.load()
+
+    def _cpu_usage_ns(self, path: str) -> Optional[int]:
+        reader = self._aggregate_readers.get(path)
+        return reader() if reader is not None else self.driver.cpu_usage_ns(path)
+
+    # ---- every period ------------------------------------------------------------------------
+
+    def sample(self, now: float, epoch: float, workload_paths) -> bool:
+        """One usage sample (False when there is none yet: the first period)."""
+        sample = self.sampler.sample(now, [*self.aggregates, *workload_paths])
+        if sample is None:
+            return False
+        self.usage.update(sample.per_cgroup_millicpu)
+        self.cpu_usage = sample.per_cpu_millicpu
+        self._observe(sample, now, epoch)
+        return True
+
+    def forget(self, live_paths) -> None:
+        live = set(self.aggregates) | set(live_paths)
+        self.sampler.forget(live)
+        self.usage = {p: v for p, v in self.usage.items() if p in live}
+
+    def _observe(self, sample, now: float, epoch: float) -> None:
+        base = self.enforcement.base
+        offline = sample.per_cgroup_millicpu.get(f"{base}/reclaimed", 0)
+        dedicated = sample.per_cgroup_millicpu.get(f"{base}/dedicated", 0)
+        self.online_millicpu = max(0, sample.total_millicpu - offline - dedicated)
+        try:
+            import psutil
+
+            memory = psutil.virtual_memory()
+            used = memory.total - memory.available
+        except Exception:  # noqa: BLE001
+            used = 0
+        offline_bytes = self.driver.memory_usage_bytes(f"{base}/reclaimed") or 0
+        self.online_bytes = max(0, used - offline_bytes)
+        self.estimator.observe(now, epoch, self.online_millicpu, self.online_bytes, self._online_per_node(sample, now))
+        hour = self.estimator.history.key(epoch)
+        if self._saved_hour != hour or int(now) % 60 == 0:
+            self._saved_hour = hour
+            try:
+                self.estimator.history.save()
+            except Exception as exc:  # noqa: BLE001 - a full disk must not stop the loop
+                log.warning("cannot save usage history: %s", exc)
+
+    def _online_per_node(self, sample, now: float) -> Optional[Dict[int, int]]:
+        """Online millicpu on each NUMA node's cpus: per-cpu busy less the reclaimed and
+        dedicated trees' per-cpu use (v1 ``cpuacct.usage_percpu``); ``None`` without it."""
+        other = [read() for read in self._percpu_readers]
+        if any(v is None for v in other) or not sample.per_cpu_millicpu:
+            return None
+        total_ns = [sum(values) for values in zip(*other)]
+        last = self._percpu_last
+        self._percpu_last = (now, total_ns)
+        if last is None or now <= last[0] or len(last[1]) != len(total_ns):
+            return None
+        elapsed = now - last[0]
+        topo = self.owner.topology
+        per_node: Dict[int, int] = {}
+        for cpu, busy in sample.per_cpu_millicpu.items():
+            if cpu >= len(total_ns):
+                continue
+            offline = (total_ns[cpu] - last[1][cpu]) / 1e9 / elapsed * 1000
+            numa = topo.cpu(cpu).numa
+            if numa is not None:
+                per_node[numa] = per_node.get(numa, 0) + max(0, round(busy - offline))
+        return per_node
+
+    def resize(self) -> None:
+        """The reclaim pool's size from online's demand (the sizer); lent: all but what shared needs."""
+        owner = self.owner
+        lay = _layout(owner.topology, owner.state)
+        if self.lending.current.state == OFFLINE:
+            shared_target = lay.shared_need  # lent: everything not needed goes to offline
+        else:
+            shared_target = self.sizer.update(self.online_millicpu, lay.shared_need, len(lay.free))
+        lendable = len(owner.pools().lendable)
+        target = lendable + max(0, len(lay.free) - shared_target)
+        if target != owner.state.reclaim_cpus:
+            owner.commit(owner.state.with_reclaim_cpus(target))
+
+    # ---- the reclaimed capacity --------------------------------------------------------------
+
+    def memory_total(self) -> int:
+        """The node's memory: /proc/meminfo on the live host (node meminfo can lag
+        behind hot-plugged memory, as on this project's VMs), else the NUMA nodes'."""
+        if self.config.root == "/":
+            try:
+                import psutil
+
+                return psutil.virtual_memory().total
+            except Exception:  # noqa: BLE001
+                pass
+        return sum(n.memory_bytes or 0 for n in self.owner.topology.numa_nodes)
+
+    def allocatable(self, state: State) -> tuple:
+        """(millicpu, bytes) offline could hold if online used nothing."""
+        topo = self.owner.topology
+        pool = self.owner.pools(state)
+        lay = _layout(topo, state)
+        if self.enforcement.harvest:
+            cpus = len(lay.free) + len(lay.reserved) + len(pool.lendable)
+        else:
+            cpus = len(pool.reclaimed)
+        total = self.memory_total()
+        reserve = self.config.memory_reserved_bytes
+        if reserve is None:
+            reserve = max(1024 * MIB, total // 20)
+        return cpus * 1000, max(0, total - reserve)
+
+    def estimate(self, state: State, now: float, epoch: float) -> Capacity:
+        topo = self.owner.topology
+        requests = (state.totals.shared_millicpu, self.online_bytes)
+        allocatable = self.allocatable(state)
+        numa = []
+        if topo.numa_nodes:
+            total_cpus = max(1, len(topo.online_cpus()))
+            for node in topo.numa_nodes:
+                share = len(node.cpus) / total_cpus
+                numa.append((node.id, int(allocatable[0] * share), int(allocatable[1] * share)))
+        capacity = self.estimator.estimate(now, epoch, allocatable, requests, tuple(numa))
+        if not self.enforcement.harvest:
+            # without idle-priority harvest, offline owns the reclaim pool's cpus, which the
+            # sizer already fits to online demand; only memory comes from the estimate
+            return Capacity(allocatable[0], capacity.memory_bytes, capacity.source, capacity.numa)
+        return capacity
+
+    def with_capacity(self, state: State, now: Optional[float] = None, epoch: Optional[float] = None) -> State:
+        """``state`` with its reclaimed capacity (admission and the quota cap) brought up to date."""
+        now = time.monotonic() if now is None else now
+        epoch = time.time() if epoch is None else epoch
+        capacity = self.estimate(state, now, epoch)
+        self.publish(capacity, epoch)
+        return state.with_reclaim_capacity(capacity.millicpu)
+
+    def refresh(self, now: float, epoch: float) -> None:
+        state = self.with_capacity(self.owner.state, now, epoch)
+        if state != self.owner.state:
+            self.owner.commit(state)
+
+    def publish(self, capacity: Capacity, epoch: float) -> None:
+        """Make ``capacity`` current; a new generation (long-pollers woken, offline agents pushed)
+        when it, or the node's lending state, changed."""
+        with self.owner.changed:
+            old = self.capacity
+            key = lambda c: None if c is None else (c.millicpu, c.memory_bytes, c.numa)  # noqa: E731
+            self.capacity = capacity
+            if key(old) != key(capacity) or self._published_node != self.lending.current:
+                self._published_node = self.lending.current
+                self.generation += 1
+                self.updated_at = epoch
+                self.owner.changed.notify_all()
+                if self.on_change is not None and self.owner.state is not None:
+                    self.on_change()
+
+    def limits(self) -> tuple:
+        """The reclaimed parent's (cpu cap millicpu, memory max bytes): the kernel enforces the capacity."""
+        if self.capacity is not None:
+            return self.capacity.cap_millicpu, max(self.capacity.memory_bytes, 64 * MIB)
+        return self.owner.state.reclaim_millicpu, self.config.cgroup_options.reclaimed_memory_max
+
+    # ---- the fast guard: online gets its cores back between periods --------------------------
+
+    def start_guard(self, stop: threading.Event) -> None:
+        if self.config.guard_interval <= 0 or self.config.record_cgroups or not self.config.resize:
+            return
+        threading.Thread(target=self._guard_loop, args=(stop,), name="tidal-guard", daemon=True).start()
+
+    def _guard_loop(self, stop: threading.Event) -> None:
+        """Every ``guard_interval``: online usage over the last interval from the
+        online cgroups' cpu counters (two file reads; nanosecond counters, so one
+        interval is enough). When online saturates its pool while cpus are lent,
+        take them all back now instead of at the next period. A false alarm costs
+        offline work a few periods of lending; a miss would cost online latency."""
+        base = self.enforcement.base
+        readers = [self.driver.usage_reader(p) for p in (f"{base}/shared", f"{base}/system")]
+        history: List[tuple] = []
+        while not stop.is_set():
+            time.sleep(self.config.guard_interval)  # Event.wait(timeout) costs ~10x the cpu of a sleep
+            now = time.monotonic()
+            total = sum(read() or 0 for read in readers)
+            history.append((now, total))
+            del history[:-2]
+            if len(history) < 2:
+                continue
+            (t0, u0), (t1, u1) = history[0], history[-1]
+            rate = (u1 - u0) / 1e6 / max(1e-6, t1 - t0)  # millicpu
+            with self.owner.lock:
+                pool = self.owner.pools()
+                carved = not set(pool.reclaimed) <= set(pool.lendable)  # cpus carved from the shared pool
+                online_cpus = len(pool.shared) + len(pool.reserved)
+                if carved and rate >= self.sizer.saturation * online_cpus * 1000:
+                    self.shrink_now(rate)
+
+    def shrink_now(self, online_millicpu: float) -> None:
+        """Give the shared pool every lent cpu and cut the capacity, in the kernel, now."""
+        owner = self.owner
+        with owner.lock:
+            lay = _layout(owner.topology, owner.state)
+            self.sizer.force(len(lay.free), int(online_millicpu))
+            lendable = len(owner.pools().lendable)
+            self.estimator.observe(time.monotonic(), time.time(), int(online_millicpu), self.online_bytes)
+            owner.commit(self.with_capacity(owner.state.with_reclaim_cpus(lendable)))
+            self.counters["fast_shrinks"] = self.counters.get("fast_shrinks", 0) + 1
+            self.enforcement.reconcile()
+
+    def capacity_numbers(self) -> Dict[str, Any]:
+        cap = self.capacity or Capacity(0, 0, "requests")
+        return {"millicpu": cap.millicpu, "memory_bytes": cap.memory_bytes, "source": cap.source,
+                "numa": [{"id": n, "millicpu": c, "memory_bytes": m} for n, c, m in cap.numa],
+                "valid_seconds": max(30, int(math.ceil(3 * self.config.period)))}
