@@ -193,8 +193,9 @@ class Agent:
             self.driver = KernelCgroups(mounts, HostFS(cfg.root), parent=cfg.cgroup_parent)
         self._build_services()
         os.makedirs(cfg.state_dir, exist_ok=True)
-        self.harvest.start()
-        self.lending.load()
+        for warning in (self.harvest.start(), self.lending.load()):
+            if warning:
+                self.echo(f"tidal agent: warning: {warning}")
         result = owner.store.load(owner.topology, reserved=cfg.reserved_cpus,
                                   recover=lambda topo: recover_state(self.driver, cfg.cgroup_base, topo,
                                                                      cfg.reserved_cpus))
@@ -457,6 +458,8 @@ class Agent:
             self._server.close()
         if self.pusher is not None:
             self.pusher.close()
+        if not self.lending.wait_hooks(timeout=5):
+            self.echo("tidal agent: warning: a lending hook is still running; it is left to finish")
         if self.net is not None:
             # what Tidal added to the network goes with a clean stop (a crash leaves it, and a restart adopts it)
             try:

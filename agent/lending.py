@@ -11,10 +11,17 @@
 * OfflineToOnline: offline agents see the capacity going to 0 with a
   deadline; when the notice ends, reclaimed workloads still running are killed.
 * User hooks (argument vectors, never shell strings) run at each edge with
-  ``TIDAL_NODE_FROM``/``TIDAL_NODE_TO`` in their environment.
+  ``TIDAL_NODE_FROM``/``TIDAL_NODE_TO`` in their environment, one at a time
+  in the order of the edges, on a thread of their own: never under the
+  agent's lock (a slow hook must not hold up the loop, the API or the guard).
 
 The state (with the deadline as wall-clock time) is written atomically to
-``node.json`` so a restart resumes a transition where it was.
+``node.json`` so a restart resumes a transition where it was. The file is
+input: a missing file is a first start (Online); one that cannot be read or
+fails validation is kept as ``node.json.bad-N`` with a warning and the node
+is taken to be lent (Offline: nothing online is placed until an operator
+takes it back), since a lent node silently turned Online would take online
+work onto a machine offline work still fills.
 """
 
 from __future__ import annotations
@@ -25,8 +32,13 @@ import subprocess
 from dataclasses import asdict, dataclass
 from typing import Dict, List, Optional
 
-from agent.errors import AdmissionError, TidalError
-from agent.statefiles import write_json
+import math
+import queue
+import threading
+import time
+
+from agent.errors import AdmissionError, StateError, TidalError
+from agent.statefiles import NotRegular, keep_bad_copy, read_regular, write_json
 
 from contracts.states import OFFLINE, ONLINE, STATES, TO_OFFLINE, TO_ONLINE  # noqa: F401 - the shared names
 
@@ -71,22 +83,51 @@ def parse_notice(value) -> float:
     return seconds
 
 
+def _finite(value, name: str, optional: bool = False) -> Optional[float]:
+    if value is None and optional:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+    return float(value)
+
+
+def parse_node_state(raw: bytes) -> NodeState:
+    """``node.json``'s bytes as a NodeState; ValueError naming what is wrong."""
+    data = json.loads(raw)
+    if not isinstance(data, dict):
+        raise ValueError(f"expected a JSON object, got {type(data).__name__}")
+    if data.get("state") not in STATES:
+        raise ValueError(f"state must be one of {', '.join(STATES)}, got {data.get('state')!r}")
+    return NodeState(state=data["state"], since=_finite(data.get("since", 0), "since"),
+                     deadline=_finite(data.get("deadline"), "deadline", optional=True),
+                     notice_seconds=_finite(data.get("notice_seconds", 0), "notice_seconds"))
+
+
 class NodeLending:
     def __init__(self, path: str, hooks: Optional[Dict[str, List[str]]] = None) -> None:
         self.path = path
         self.hooks = hooks or {}
         self.current = NodeState()
         self.hook_results: List[Dict[str, object]] = []
+        self._hook_queue: "queue.Queue" = queue.Queue()
+        self._hook_thread: Optional[threading.Thread] = None
 
-    def load(self) -> None:
+    def load(self) -> Optional[str]:
+        """Read ``node.json``; a warning line when it was unusable (see the module docstring)."""
         try:
-            with open(self.path) as handle:
-                data = json.load(handle)
-            if data.get("state") in STATES:
-                self.current = NodeState(state=data["state"], since=float(data.get("since", 0)),
-                                         deadline=data.get("deadline"), notice_seconds=float(data.get("notice_seconds", 0)))
-        except (OSError, ValueError, TypeError):
-            self.current = NodeState()
+            raw = read_regular(self.path)
+            if raw is None:
+                self.current = NodeState()
+                return None
+            self.current = parse_node_state(raw)
+            return None
+        except NotRegular:
+            raise
+        except (StateError, ValueError, UnicodeDecodeError) as exc:
+            kept = keep_bad_copy(self.path)
+            self.current = NodeState(state=OFFLINE)
+            return (f"{self.path} unusable ({exc}); kept as {kept}; the node is taken to be lent (Offline) "
+                    f"until `tidal node reclaim` takes it back")
 
     def _save(self) -> None:
         write_json(self.path, asdict(self.current))
@@ -100,15 +141,38 @@ class NodeLending:
         return self.current
 
     def _run_hook(self, previous: str, state: str) -> None:
+        """Queue the hook of ``state``; the hook thread runs them in order, off the caller's lock."""
         argv = self.hooks.get(state)
         if not argv:
             return
-        env = dict(os.environ, TIDAL_NODE_FROM=previous, TIDAL_NODE_TO=state)
-        try:
-            done = subprocess.run(argv, env=env, timeout=30, capture_output=True, text=True)
-            self.hook_results.append({"state": state, "argv": argv, "exit": done.returncode})
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            self.hook_results.append({"state": state, "argv": argv, "error": str(exc)})
+        self._hook_queue.put((previous, state, argv))
+        if self._hook_thread is None or not self._hook_thread.is_alive():
+            self._hook_thread = threading.Thread(target=self._hook_worker, name="tidal-hooks", daemon=True)
+            self._hook_thread.start()
+
+    def _hook_worker(self) -> None:
+        while True:
+            try:
+                previous, state, argv = self._hook_queue.get(timeout=5)
+            except queue.Empty:
+                return
+            env = dict(os.environ, TIDAL_NODE_FROM=previous, TIDAL_NODE_TO=state)
+            try:
+                done = subprocess.run(argv, env=env, timeout=30, capture_output=True, text=True)
+                self.hook_results.append({"state": state, "argv": argv, "exit": done.returncode})
+            except (OSError, subprocess.TimeoutExpired) as exc:
+                self.hook_results.append({"state": state, "argv": argv, "error": str(exc)})
+            del self.hook_results[:-50]
+            self._hook_queue.task_done()
+
+    def wait_hooks(self, timeout: float = 60.0) -> bool:
+        """Wait until every queued hook has run (tests, and a clean stop); False on timeout."""
+        deadline = time.monotonic() + timeout
+        while self._hook_queue.unfinished_tasks:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.01)
+        return True
 
     def lend(self, now: float, notice: float) -> NodeState:
         if self.current.state != ONLINE:

@@ -14,6 +14,7 @@ would block the agent's start forever, a directory or device is nonsense.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import stat
@@ -23,6 +24,10 @@ from typing import Any, Optional
 from agent.errors import StateError
 
 _MAX_STATE_FILE = 64 * 1024 * 1024  # no state file of a node is anywhere near this
+
+
+class NotRegular(StateError):
+    """A state file that is a FIFO, directory, device or symlink: refused (the agent does not start)."""
 
 
 def write_atomic(path: str, data: bytes, mode: int = 0o600) -> None:
@@ -60,11 +65,13 @@ def read_regular(path: str) -> Optional[bytes]:
     except FileNotFoundError:
         return None
     except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.EISDIR):
+            raise NotRegular(f"{path}: not a regular file") from None
         raise StateError(f"{path}: cannot open: {exc.strerror or exc}") from None
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
-            raise StateError(f"{path}: not a regular file")
+            raise NotRegular(f"{path}: not a regular file; move it away to let the agent start")
         if info.st_size > _MAX_STATE_FILE:
             raise StateError(f"{path}: {info.st_size} bytes, more than any state file should hold")
         chunks = []

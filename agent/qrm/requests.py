@@ -73,7 +73,7 @@ def parse_request(doc: Any) -> Request:
     if not isinstance(doc, dict):
         raise AdmissionError(f"a request must be a JSON object, got {type(doc).__name__}")
     name = doc.get("name")
-    if not isinstance(name, str) or not NAME.match(name):
+    if not isinstance(name, str) or not NAME.fullmatch(name):
         raise AdmissionError(f"request name must match {NAME.pattern}, got {name!r}")
     unknown = sorted(set(doc) - KNOWN_KEYS)
     if unknown:

@@ -33,12 +33,14 @@ import json
 import logging
 import os
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, List, Optional, Tuple
 
 from agent.errors import StateError
 from agent.statefiles import keep_bad_copy, read_regular, write_atomic
-from agent.qrm.model import Allocation, QoS
+from agent.qrm.assignment import memory_nodes
+from agent.qrm.model import SOURCES, Allocation, QoS
+from agent.qrm.requests import NAME
 from agent.qrm.policy import POLICY, State, initial_state
 from agent.topology import Topology
 from agent.topology.parse import format_cpulist
@@ -103,27 +105,70 @@ def decode(raw: bytes) -> Tuple[State, str]:
         raise CorruptCheckpoint("checksum mismatch")
     try:
         return state_from_data(data), str(doc.get("topology", ""))
-    except (KeyError, TypeError, ValueError) as exc:
+    except (KeyError, TypeError, ValueError, OverflowError, AttributeError) as exc:
         raise CorruptCheckpoint(f"malformed data ({exc})") from None
+
+
+def validate(state: State, topo: Topology) -> None:
+    """A checksum proves the file is whole, not that it is sane: every field is checked against
+    the node (names, cpus and NUMA nodes that exist, no cpu with two owners, known sources,
+    numbers in range). ``CorruptCheckpoint`` names the first problem."""
+    online = set(topo.online_cpus())
+    numa_ids = set(topo.numa_ids())
+    if not set(state.reserved) <= online:
+        raise CorruptCheckpoint(f"reserved cpus {format_cpulist(state.reserved)} are not all online here")
+    for value, name in ((state.reclaim_cpus, "reclaim_cpus"), (state.reclaim_millicpu, "reclaim_millicpu")):
+        if value is not None and not 0 <= value < 1 << 40:
+            raise CorruptCheckpoint(f"{name} {value} is out of range")
+    names = set()
+    owner = {c: "the reserved pool" for c in state.reserved}
+    for alloc in state.allocations:
+        if not NAME.fullmatch(alloc.name):
+            raise CorruptCheckpoint(f"workload name {alloc.name!r} does not match {NAME.pattern}")
+        if alloc.name in names:
+            raise CorruptCheckpoint(f"workload {alloc.name!r} appears twice")
+        names.add(alloc.name)
+        if alloc.source not in SOURCES:
+            raise CorruptCheckpoint(f"{alloc.name}: unknown source {alloc.source!r}")
+        if not 0 <= alloc.millicpu < 1 << 40:
+            raise CorruptCheckpoint(f"{alloc.name}: millicpu {alloc.millicpu} is out of range")
+        if alloc.owner is not None and not 0 <= alloc.owner < 1 << 32:
+            raise CorruptCheckpoint(f"{alloc.name}: owner uid {alloc.owner} is out of range")
+        if not set(alloc.cpus) <= online or not set(alloc.mems) | set(alloc.nodes) <= numa_ids:
+            raise CorruptCheckpoint(f"{alloc.name}: cpus or NUMA nodes that this node does not have")
+        if alloc.cpus and alloc.qos is not QoS.DEDICATED:
+            raise CorruptCheckpoint(f"{alloc.name}: only dedicated workloads hold cpus of their own")
+        for cpu in alloc.cpus:
+            if cpu in owner:
+                raise CorruptCheckpoint(f"cpu {cpu} belongs to both {owner[cpu]} and {alloc.name}")
+            owner[cpu] = alloc.name
 
 
 def salvage(state: State, topo: Topology) -> Tuple[State, List[str]]:
     """Keep the allocations that still make sense on ``topo``; name the dropped ones."""
     online = set(topo.online_cpus())
     reserved = tuple(c for c in state.reserved if c in online)
-    if not reserved or len(reserved) != len(state.reserved):
-        base = initial_state(topo, reserved or None, state.reclaim_cpus)
-    else:
+    if reserved == state.reserved:  # all still online (or none was reserved): kept as it was
         base = State(reserved=reserved, reclaim_cpus=state.reclaim_cpus)
+    else:
+        base = initial_state(topo, reserved or None, state.reclaim_cpus)
     kept: List[Allocation] = []
     dropped: List[str] = []
     taken = set(base.reserved)
     numa_ids = set(topo.numa_ids())
+    every = memory_nodes(topo)
+    names = set()
     for alloc in state.allocations:
+        if not (alloc.qos is QoS.DEDICATED and alloc.numa_binding):
+            # not bound to NUMA nodes: it runs on every node with memory, whatever this node has
+            alloc = replace(alloc, mems=every)
         cpus = set(alloc.cpus)
-        ok = cpus <= online and not (cpus & taken) and set(alloc.mems) <= numa_ids and set(alloc.nodes) <= numa_ids
+        ok = (cpus <= online and not (cpus & taken) and set(alloc.mems) <= numa_ids and set(alloc.nodes) <= numa_ids
+              and bool(NAME.fullmatch(alloc.name)) and alloc.name not in names and alloc.source in SOURCES
+              and (not cpus or alloc.qos is QoS.DEDICATED))
         if alloc.qos is QoS.DEDICATED and alloc.numa_binding and ok:
             ok = all(topo.cpu(c).numa in alloc.mems for c in cpus)
+        names.add(alloc.name)
         if ok:
             kept.append(alloc)
             taken |= cpus
@@ -169,6 +214,16 @@ class CheckpointStore:
     def _keep_bad_copy(self) -> Optional[str]:
         return keep_bad_copy(self.path)
 
+    def _recover(self, topo: Topology, reserved, recover, exc: Exception) -> "LoadResult":
+        kept = self._keep_bad_copy()
+        recovered = recover(topo) if recover else None
+        state = recovered if recovered is not None else initial_state(topo, reserved)
+        how = "rebuilt from the kernel" if recovered is not None else "starting empty"
+        warning = f"checkpoint {self.path} unusable ({exc}); kept as {kept}; {how}"
+        log.warning(warning)
+        self._current = state
+        return LoadResult(state, (warning,), "recovered" if recovered is not None else "empty")
+
     def load(self, topo: Topology, *, reserved=None,
              recover: Optional[Callable[[Topology], Optional[State]]] = None) -> LoadResult:
         """Load, salvage or recover the state (see module docstring). Never raises for bad content."""
@@ -193,14 +248,12 @@ class CheckpointStore:
         try:
             state, fingerprint = decode(raw)
         except CorruptCheckpoint as exc:
-            kept = self._keep_bad_copy()
-            recovered = recover(topo) if recover else None
-            state = recovered if recovered is not None else initial_state(topo, reserved)
-            how = "rebuilt from the kernel" if recovered is not None else "starting empty"
-            warning = f"checkpoint {self.path} unusable ({exc}); kept as {kept}; {how}"
-            log.warning(warning)
-            self._current = state
-            return LoadResult(state, (warning,), "recovered" if recovered is not None else "empty")
+            return self._recover(topo, reserved, recover, exc)
+        if fingerprint == topology_fingerprint(topo):
+            try:
+                validate(state, topo)
+            except CorruptCheckpoint as exc:
+                return self._recover(topo, reserved, recover, exc)
         if fingerprint != topology_fingerprint(topo):
             salvaged, dropped = salvage(state, topo)
             kept = self._keep_bad_copy()

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 import math
-import os
+import re
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -31,6 +31,26 @@ from contracts.headroom import DEFAULT_BUFFER, online_estimate
 
 MIB = 1024 * 1024
 MEMORY_STEP = 512 * MIB
+
+
+_HOUR = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}$")
+
+
+def parse_history(raw: bytes) -> Dict[str, Tuple[int, int]]:
+    """``history.json``: ``{"hours": {"YYYY-MM-DDTHH": [peak millicpu, peak bytes]}}``, validated."""
+    data = json.loads(raw)
+    hours = data.get("hours") if isinstance(data, dict) else None
+    if not isinstance(hours, dict):
+        raise ValueError('expected {"hours": {"YYYY-MM-DDTHH": [millicpu, bytes], ...}}')
+    out: Dict[str, Tuple[int, int]] = {}
+    for key, value in hours.items():
+        if not _HOUR.match(key):
+            raise ValueError(f"hour {key!r} is not YYYY-MM-DDTHH")
+        if not (isinstance(value, list) and len(value) == 2 and all(
+                isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 1 << 62 for v in value)):
+            raise ValueError(f"hour {key}: expected [millicpu, bytes] as whole numbers >= 0, got {value!r}")
+        out[key] = (value[0], value[1])
+    return out
 
 
 @dataclass
@@ -55,15 +75,26 @@ class HourlyHistory:
     def yesterday(self, epoch: float) -> Optional[Tuple[int, int]]:
         return self.hours.get(self.key(epoch - 86400))
 
-    def load(self) -> None:
+    def load(self) -> Optional[str]:
+        """Read the history; a warning line when the file is unusable (kept as .bad-N, history empty:
+        the estimate falls back to requests until usage is measured)."""
         if not self.path:
-            return
+            return None
+        from agent.errors import StateError
+        from agent.statefiles import NotRegular, keep_bad_copy, read_regular
+
+        self.hours = {}
         try:
-            with open(self.path) as handle:
-                data = json.load(handle)
-            self.hours = {k: (int(v[0]), int(v[1])) for k, v in data.get("hours", {}).items()}
-        except (OSError, ValueError, TypeError, IndexError):
-            self.hours = {}
+            raw = read_regular(self.path)
+            if raw is None:
+                return None
+            self.hours = parse_history(raw)
+            return None
+        except NotRegular:
+            raise
+        except (StateError, ValueError, UnicodeDecodeError) as exc:
+            kept = keep_bad_copy(self.path)
+            return f"{self.path} unusable ({exc}); kept as {kept}; usage history starts empty"
 
     def save(self) -> None:
         if not self.path:

@@ -22,7 +22,7 @@ from agent.isolation.cgroups.layout import workload_path
 from agent.isolation.cgroups.reconcile import Reconciler, ReconcileReport
 from agent.qrm.model import LOCAL, Allocation
 from agent.services.owner import StateOwner
-from agent.statefiles import keep_bad_copy, read_regular, write_json
+from agent.statefiles import NotRegular, keep_bad_copy, read_regular, write_json
 
 log = logging.getLogger("tidal.agent")
 
@@ -111,6 +111,8 @@ class Enforcement:
                 raise ValueError("expected {\"originals\": [[path, controller, file, value], ...]}")
             self.reconciler.adopt({"originals": rows})
             return None
+        except NotRegular:
+            raise
         except (StateError, ValueError, UnicodeDecodeError) as exc:
             kept = keep_bad_copy(self.originals_path)
             return f"{self.originals_path} unusable ({exc}); kept as {kept}; original values of others' cgroups " \

@@ -58,9 +58,10 @@ class Harvest:
         self._aggregate_readers = {p: self.driver.usage_reader(p) for p in self.aggregates}
         self._percpu_readers = [self.driver.percpu_reader(f"{base}/{tree}") for tree in ("reclaimed", "dedicated")]
 
-    def start(self) -> None:
+    def start(self) -> Optional[str]:
+        """Ready to sample; a warning line when the usage history was unusable."""
         self.sampler = UsageSampler(self._cpu_usage_ns, cpu_ids=self.owner.topology.online_cpus())
-        self.estimator.history.load()
+        return self.estimator.history.load()
 
     def _cpu_usage_ns(self, path: str) -> Optional[int]:
         reader = self._aggregate_readers.get(path)

@@ -165,6 +165,7 @@ def test_lending_round_trip_with_notice_and_a_restart_in_the_middle(tmp_path):
     capacity = client.request("GET", "/v1/capacity")
     assert capacity["target"] == {"millicpu": 0, "memory_bytes": 0} and capacity["deadline"]
     agent.shutdown()
+    assert agent.lending.wait_hooks()  # the restart's hooks come after the first agent's
     # the agent restarts in the middle of the notice window
     again = make_agent(tmp_path, name="b", hooks=hooks)
     try:
@@ -177,6 +178,7 @@ def test_lending_round_trip_with_notice_and_a_restart_in_the_middle(tmp_path):
         assert again.lending.current.state == "Online"
         assert again.state.get("batch") is None and again.evictions[-1]["name"] == "batch"
         assert "notice ended" in again.evictions[-1]["reason"]
+        assert agent.lending.wait_hooks() and again.lending.wait_hooks()  # hooks run on a thread of their own
         assert log.read_text().split() == ["Online>OnlineToOffline", "OnlineToOffline>Offline",
                                            "Offline>OfflineToOnline", "OfflineToOnline>Online"]
     finally:
@@ -268,3 +270,21 @@ def test_cli_capacity_and_node(agent):
     assert out.exit_code == 0 and out.output.startswith("Offline since ")
     out = runner.invoke(main, ["node", "lend", "--socket", sock])
     assert out.exit_code == 2 and "cannot lend: the node is Offline" in out.output
+
+
+def test_a_slow_hook_never_holds_the_agent(tmp_path):
+    """#17: a 20 s hook froze /v1/status, the loop and the guard for 19.5 s: hooks ran under the lock."""
+    hooks = {"OnlineToOffline": ["sleep", "3"]}
+    agent = make_agent(tmp_path, hooks=hooks)
+    client = AgentClient(agent.config.socket_path, timeout=15)
+    agent.admit({"name": "web", "qos": "shared_cores", "millicpu": 500})  # keeps the node in its notice
+    try:
+        start = time.monotonic()
+        assert client.request("POST", "/v1/node/lend", {"notice": "60s"})["state"] == "OnlineToOffline"
+        client.request("GET", "/v1/status")
+        agent.tick()
+        assert time.monotonic() - start < 1.5  # the lend, a status and a period, while the hook sleeps
+        assert agent.lending.wait_hooks(timeout=10)
+        assert agent.lending.hook_results[-1] == {"state": "OnlineToOffline", "argv": ["sleep", "3"], "exit": 0}
+    finally:
+        agent.shutdown()
