@@ -35,6 +35,7 @@ from agent.errors import AdmissionError, Conflict, NotFound, TidalError, Unfit  
 from agent.isolation.cgroups.desired import CgroupOptions
 from agent.isolation.cgroups.detect import CgroupError, detect
 from agent.isolation.cgroups.driver import CgroupDriver, KernelCgroups
+from agent.isolation.cgroups.layout import check_base
 from agent.isolation.cgroups.reconcile import ReconcileReport
 from agent.isolation.cgroups.recover import recover_state
 from agent.lending import NodeLending
@@ -182,6 +183,10 @@ class Agent:
     def start(self) -> None:
         cfg = self.config
         owner = self.owner
+        try:
+            check_base(cfg.cgroup_base)
+        except ValueError as exc:
+            raise CgroupError(str(exc)) from None
         if owner.topology is None:
             owner.topology = discover(HostFS(cfg.root))
         if self.driver is None and cfg.record_cgroups:

@@ -93,10 +93,15 @@ class Admission:
         with owner.lock:
             if owner.state.get(name) is None:
                 raise NotFound(f"no workload named {name!r}")
+            alloc = owner.state.get(name)
+            paths = set(self.enforcement.cgroups_of(alloc)) if alloc.source == LOCAL else set()
             owner.commit(self.harvest.with_capacity(release(owner.state, name)))
             owner.placements.pop(name, None)
             self.forget(name)
-            self.enforcement.reconcile()
+            report = self.enforcement.reconcile()
+            failed = [f for f in report.failed if f[0] in paths]
+            if failed:  # released from the state; the kernel kept its cgroup (the next pass tries again)
+                raise CgroupError(f"{name} released, but its cgroup was not removed: {failed[0][2]}")
 
     def place(self, name: str, paths) -> None:
         """Say where a workload's processes live (cgroups its source's owner made, parent first,

@@ -88,6 +88,9 @@ class Enforcement:
                 log.warning("repaired %s/%s: found %r, wrote %r", path, file, was, now)
             for path, file, error in report.failed:
                 log.error("cgroup write failed: %s", error)
+            for path, pid in report.rejoined:
+                log.warning("pid %d was in %s in some hierarchies only (a move cut short): moved in all", pid, path)
+            self.counters["membership_repairs"] = self.counters.get("membership_repairs", 0) + len(report.rejoined)
             self.last_report = report
             if self.reconciler.originals:
                 self.save_originals()

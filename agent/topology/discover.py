@@ -54,6 +54,7 @@ class _Reader:
     def __init__(self, fs: HostFS) -> None:
         self.fs = fs
         self.warnings: List[str] = []
+        self.empty: List[str] = []  # attribute files that exist but hold nothing
         self._found: Dict[Tuple[str, ...], Tuple[str, str]] = {}
 
     def parsed(self, path: str, parser: Callable[[str], object]):
@@ -89,6 +90,12 @@ class _Reader:
         return None
 
     def integer(self, path: str) -> Optional[int]:
+        """An integer attribute; an empty file (captured trees have them, hwloc reads them) is
+        unknown, with one warning per discovery, never fatal."""
+        text = self.fs.read(path)
+        if text is not None and not text.strip():
+            self.empty.append(path)
+            return None
         return self.parsed(path, parse_int)
 
 
@@ -404,6 +411,9 @@ def discover(fs: HostFS, *, devices: bool = True, use_cpuinfo_lib: Optional[bool
     if use_cpuinfo_lib is None:
         use_cpuinfo_lib = fs.is_live
     model, flags = _model_and_flags(reader, cpuinfo_text or "", use_cpuinfo_lib)
+    if reader.empty:
+        reader.warnings.append(f"{len(reader.empty)} attribute file(s) exist but are empty, read as unknown "
+                               f"(first: {fs.path(reader.empty[0])})")
 
     return Topology(cpus=cpus, numa_nodes=tuple(numa_nodes), gpus=tuple(gpus), nics=tuple(nics),
                     cpu_model=model, cpu_flags=flags, warnings=tuple(reader.warnings))

@@ -173,3 +173,16 @@ def test_in_memory_topology_equals_discovered(tmp_path, shape):
     assert [(c.id, c.online, c.core, c.socket, c.numa, c.l3, c.siblings) for c in built.cpus] == \
            [(c.id, c.online, c.core, c.socket, c.numa, c.l3, c.siblings) for c in discovered.cpus]
     assert built.numa_nodes == discovered.numa_nodes
+
+
+def test_an_empty_attribute_file_is_unknown_with_a_warning(tmp_path):
+    """#17: a captured tree with an empty cpu ``online`` file stopped discovery with "not an integer: ''"."""
+    from agent.topology.synthetic import Shape, write_tree
+
+    write_tree(str(tmp_path), Shape(sockets=1, numa_per_socket=1, cores_per_numa=4, threads_per_core=1))
+    os.remove(tmp_path / "sys/devices/system/cpu/online")  # so the per-cpu files are read
+    for cpu in (1, 2):
+        (tmp_path / f"sys/devices/system/cpu/cpu{cpu}/online").write_text("")
+    topo = discover(HostFS(str(tmp_path)))
+    assert topo.online_cpus() == (0, 1, 2, 3)  # unknown: taken as online, as hwloc does
+    assert any("2 attribute file(s) exist but are empty" in w and "cpu1/online" in w for w in topo.warnings)

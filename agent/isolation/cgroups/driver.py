@@ -147,6 +147,9 @@ class KernelCgroups:
                         raise CgroupError(f"{control}: cannot enable {controller}: {exc.strerror}") from None
 
     def remove(self, path: str) -> None:
+        """Remove the cgroup in every hierarchy (and the cgroup2 mirror): each is tried, and any
+        that stays is reported, never only the first."""
+        failed = []
         for controller in self._distinct:
             directory = self._dir(controller, path)
             try:
@@ -154,7 +157,9 @@ class KernelCgroups:
             except FileNotFoundError:
                 pass
             except OSError as exc:
-                raise CgroupError(f"{directory}: cannot remove cgroup: {exc.strerror}") from None
+                failed.append(f"{directory}: {exc.strerror}")
+        if failed:
+            raise CgroupError(f"cannot remove cgroup {path}: {'; '.join(failed)}")
 
     def read(self, controller: str, path: str, file: str) -> Optional[str]:
         try:
@@ -183,6 +188,45 @@ class KernelCgroups:
         text = self.read(controller, path, "cgroup.procs") or ""
         return [int(p) for p in text.split()]
 
+    def procs_anywhere(self, path: str) -> List[int]:
+        """Processes in the cgroup in any hierarchy (v1 membership is per hierarchy: a process
+        moved out of one by someone else is still in the others)."""
+        pids = set()
+        for controller in self._distinct:
+            try:
+                with open(os.path.join(self._dir(controller, path), "cgroup.procs")) as handle:
+                    pids.update(int(p) for p in handle.read().split())
+            except OSError:
+                pass
+        return sorted(pids)
+
+    def repair_membership(self, path: str) -> List[int]:
+        """v1: processes of the cgroup that are missing from it in some hierarchy (a move cut short,
+        e.g. by a SIGKILL of the agent between two hierarchies) are moved there too; the pids fixed."""
+        if len(self._distinct) < 2:
+            return []
+        members = {}
+        for controller in self._distinct:
+            try:
+                with open(os.path.join(self._dir(controller, path), "cgroup.procs")) as handle:
+                    members[controller] = {int(p) for p in handle.read().split()}
+            except OSError:
+                return []  # not there in every hierarchy: creation repairs that first
+        every = set().union(*members.values())
+        fixed = []
+        for pid in sorted(every):
+            missing = [c for c, pids in members.items() if pid not in pids]
+            for controller in missing:
+                try:
+                    with open(os.path.join(self._dir(controller, path), "cgroup.procs"), "w") as handle:
+                        handle.write(str(pid))
+                except OSError:
+                    break  # exited meanwhile
+            else:
+                if missing:
+                    fixed.append(pid)
+        return fixed
+
     def move(self, path: str, pid: int) -> None:
         for controller in self._distinct:
             target = os.path.join(self._dir(controller, path), "cgroup.procs")
@@ -195,11 +239,15 @@ class KernelCgroups:
                 raise CgroupError(f"{target}: cannot move pid {pid}: {exc.strerror}") from None
 
     def children(self, path: str) -> List[str]:
-        directory = self._dir("" if self.version == 2 else "cpuset", path)
-        try:
-            return sorted(e for e in os.listdir(directory) if os.path.isdir(os.path.join(directory, e)))
-        except OSError:
-            return []
+        """Child cgroups in any hierarchy: a leftover in one (its twin gone from another) is still found."""
+        names = set()
+        for controller in self._distinct:
+            directory = self._dir(controller, path)
+            try:
+                names.update(e for e in os.listdir(directory) if os.path.isdir(os.path.join(directory, e)))
+            except OSError:
+                pass
+        return sorted(names)
 
     def memory_usage_bytes(self, path: str) -> Optional[int]:
         if self.version == 1:

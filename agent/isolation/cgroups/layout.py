@@ -19,12 +19,26 @@ where the uid's dashes become underscores and the runtime prefix is
 
 from __future__ import annotations
 
+import re
 from typing import Optional
 
 from agent.qrm.model import Allocation, QoS, Tier
 
 GROUPS = ("system", "dedicated", "shared", "reclaimed")
 TIERS = tuple(t.value for t in Tier)
+
+
+_BASE_PART = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")
+
+
+def check_base(base: str) -> str:
+    """``--cgroup-base``: a relative path of plain names. Empty, ``/...``, ``.`` or ``..`` would make
+    Tidal's tree the parent itself (whose other cgroups a revert would remove) or escape it."""
+    parts = base.split("/") if isinstance(base, str) else []
+    if not base or base.startswith("/") or not all(_BASE_PART.match(p) and p not in (".", "..") for p in parts):
+        raise ValueError(f"cgroup base {base!r}: must be a relative path of names ([A-Za-z0-9_.-], not . or ..), "
+                         f"e.g. tidal")
+    return base
 
 
 def workload_path(base: str, alloc: Allocation) -> str:

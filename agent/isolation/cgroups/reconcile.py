@@ -47,6 +47,7 @@ class ReconcileReport:
     written: List[Tuple[str, str, str]] = field(default_factory=list)
     repaired: List[Tuple[str, str, Optional[str], str]] = field(default_factory=list)
     failed: List[Tuple[str, str, str]] = field(default_factory=list)
+    rejoined: List[Tuple[str, int]] = field(default_factory=list)  # (path, pid) made whole across hierarchies
 
     @property
     def ok(self) -> bool:
@@ -166,6 +167,13 @@ class Reconciler:
                     report.created.append(spec.path)
                 except CgroupError as exc:
                     report.failed.append((spec.path, "", str(exc)))
+        # v1: a process of one of Tidal's workloads that is missing from it in some hierarchy (a move
+        #    cut short) joins it there too: membership is whole, in every hierarchy
+        repair = getattr(self.driver, "repair_membership", None)
+        if repair is not None:
+            for spec in specs:
+                if spec.workload is not None and not spec.external:
+                    report.rejoined += [(spec.path, pid) for pid in repair(spec.path)]
         # 3. widen cpusets top-down, 4. narrow bottom-up
         for spec in specs:
             for knob in CPUSET_KNOBS:
@@ -220,7 +228,8 @@ class Reconciler:
     def _remove(self, report: ReconcileReport, path: str) -> None:
         for child in self.driver.children(path):
             self._remove(report, f"{path}/{child}")
-        for pid in self.driver.procs(path):
+        anywhere = getattr(self.driver, "procs_anywhere", self.driver.procs)
+        for pid in anywhere(path):  # in any hierarchy: one left in cpu or memory keeps that twin alive
             try:
                 self.driver.move("", pid)
             except CgroupError:
