@@ -252,3 +252,55 @@ def test_revert_on_exit_leaves_no_trace(tmp_path, base):
         assert not os.path.exists(directory)
     mirror = driver.membership_dir(base)
     assert mirror is None or not os.path.exists(mirror)
+
+
+@privileged
+def test_a_release_after_the_process_left_the_cpuset_hierarchy_removes_every_twin(agent, base, procs):
+    """#17: the cgroup was removed in cpuset only (the cpu, cpuacct, memory and cgroup2 twins stayed, and
+    --revert reported failures) and the release answered 200."""
+    driver = agent.driver
+    if driver.version != 1:
+        pytest.skip("v1 membership is per hierarchy; v2 has one")
+    agent.admit({"name": "web", "qos": "shared_cores", "millicpu": 100})
+    proc = procs()
+    agent.attach("web", proc.pid)
+    path = f"{base}/shared/web"
+    # someone moves the process out of the cpuset hierarchy only
+    with open(f"{driver.bases['cpuset']}/cgroup.procs", "w") as handle:
+        handle.write(str(proc.pid))
+    assert proc.pid not in driver.procs(path) and proc.pid in driver.procs_anywhere(path)
+    agent.release("web")
+    assert not any(os.path.isdir(d) for d in driver.where(path).values())
+    assert all(not os.path.isdir(driver._dir(c, path)) for c in driver._distinct)  # the cgroup2 mirror too
+    assert proc.poll() is None  # moved out, not killed
+
+
+@privileged
+def test_a_move_cut_short_between_hierarchies_is_made_whole(agent, base, procs):
+    """#17: a SIGKILL mid-attach left a process in the workload's cpuset but not its cpu cgroup."""
+    driver = agent.driver
+    if driver.version != 1:
+        pytest.skip("v1 membership is per hierarchy; v2 has one")
+    agent.admit({"name": "batch", "qos": "reclaimed_cores", "millicpu": 100})
+    path = f"{base}/reclaimed/low/batch"
+    proc = procs()
+    with open(f"{driver._dir('cpuset', path)}/cgroup.procs", "w") as handle:  # the first hierarchy of a move only
+        handle.write(str(proc.pid))
+    assert proc.pid not in [int(p) for p in open(f"{driver._dir('cpu', path)}/cgroup.procs").read().split()]
+    report = agent.reconcile(verify=True)
+    assert (path, proc.pid) in report.rejoined
+    for controller in driver._distinct:
+        assert proc.pid in [int(p) for p in open(f"{driver._dir(controller, path)}/cgroup.procs").read().split()]
+
+
+@privileged
+@pytest.mark.parametrize("bad", ["", "/", "/tidal", ".", "..", "a/../..", "tidal/", "t idal"],
+                         ids=["empty", "root", "absolute", "dot", "dotdot", "escape", "trailing-slash", "space"])
+def test_a_cgroup_base_that_is_not_a_tree_of_its_own_is_refused(tmp_path, bad):
+    """#17: ``--cgroup-base ''`` with ``--revert`` removed cgroups Tidal never made."""
+    done = subprocess.run([sys.executable, "-m", "agent.cli", "agent", "--socket", str(tmp_path / "s.sock"),
+                           "--state-dir", str(tmp_path / "st"), "--cgroup-base", bad, "--revert"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "must be a relative path of names" in lines[0], done.stderr
