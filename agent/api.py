@@ -38,7 +38,7 @@ import struct
 import threading
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from typing import Any, Dict, Optional, Tuple
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 from agent.authority import Caller, check, may_touch, pid_owner, token_matches
 from agent.errors import AdmissionError, Conflict, Forbidden, NotFound, TidalError, Unfit
@@ -81,13 +81,17 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
-    def _body(self) -> Any:
+    def _read_body(self) -> bytes:
+        """The whole body, read before anything is answered (an answer sent over unread data is
+        lost to a connection reset), bounded by ``MAX_BODY`` and the idle timeout."""
         length = self.headers.get("Content-Length")
         try:
             size = int(length) if length is not None else 0
         except ValueError:
+            self.close_connection = True
             raise AdmissionError("bad Content-Length") from None
         if size < 0 or size > MAX_BODY:
+            self.close_connection = True
             raise AdmissionError(f"body must be 0..{MAX_BODY} bytes")
         try:
             raw = self.rfile.read(size) if size else b""
@@ -95,15 +99,23 @@ class _Handler(BaseHTTPRequestHandler):
             raise _SlowClient(f"the body did not arrive within {IDLE_TIMEOUT:g} s") from None
         if len(raw) < size:
             raise _SlowClient("the connection closed before the whole body arrived")
+        return raw
+
+    def _body(self) -> Any:
+        raw = self._raw
         try:
             return json.loads(raw or b"null")
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise AdmissionError(f"malformed JSON body: {exc}") from None
+        except (ValueError, UnicodeDecodeError) as exc:  # ValueError: also integers of over 4,300 digits
+            raise AdmissionError(f"malformed JSON body: {str(exc)[:200]}") from None
+        except RecursionError:
+            raise AdmissionError("malformed JSON body: nested too deeply") from None
 
     def _dispatch(self, method: str) -> None:
         agent = self.server.agent
-        parts = [p for p in urlsplit(self.path).path.split("/") if p]
+        self._raw = b""
+        parts = [unquote(p) for p in urlsplit(self.path).path.split("/") if p]
         try:
+            self._raw = self._read_body()
             if parts[:1] != ["v1"] and parts != ["metrics"]:
                 raise NotFound(f"no such path {self.path!r}")
             route = parts[1:]
@@ -185,16 +197,39 @@ class _Handler(BaseHTTPRequestHandler):
     def do_DELETE(self) -> None:
         self._dispatch("DELETE")
 
+    def _drain(self) -> None:
+        """Read what the client is still sending (bounded) before answering and closing: closing a
+        socket with unread data resets the connection, and the client would lose the answer."""
+        self.close_connection = True
+        try:
+            length = int(self.headers.get("Content-Length") or 0) if getattr(self, "headers", None) else 0
+        except ValueError:
+            length = 0
+        try:
+            if 0 < length <= MAX_BODY:
+                self.connection.settimeout(0.2)
+                self.rfile.read(length)
+            else:  # what has arrived already (the rest of an over-long header), without waiting
+                self.connection.setblocking(False)
+                while self.connection.recv(1 << 20):
+                    pass
+        except OSError:
+            pass
+        finally:
+            self.connection.settimeout(IDLE_TIMEOUT)
+
     def _not_allowed(self) -> None:
-        self.close_connection = True  # a body we will not read may follow
+        self._drain()
         self._send(405, {"error": f"method {self.command} is not allowed (GET, POST, DELETE)"})
 
     do_PUT = do_PATCH = do_HEAD = do_OPTIONS = do_TRACE = do_CONNECT = _not_allowed
 
     def send_error(self, code: int, message: Optional[str] = None, explain: Optional[str] = None) -> None:
         """The server's own errors (a malformed request line, headers too long, an unknown
-        method) as one JSON line like every other answer, never HTML."""
-        self.close_connection = True
+        method) as one JSON line like every other answer, never HTML; an unknown method is a 405."""
+        if code == 501:
+            code, message = 405, f"method {self.command} is not allowed (GET, POST, DELETE)"
+        self._drain()
         try:
             self._send(code, {"error": message or self.responses.get(code, ("error",))[0]})
         except OSError:
@@ -316,7 +351,14 @@ class Servers:
 
 
 def _prepare_socket_path(path: str) -> None:
-    os.makedirs(os.path.dirname(path) or ".", mode=0o755, exist_ok=True)
+    import stat as _stat
+
+    try:
+        os.makedirs(os.path.dirname(path) or ".", mode=0o755, exist_ok=True)
+    except OSError as exc:
+        raise TidalError(f"--socket {path}: cannot make its directory: {exc.strerror}") from None
+    if os.path.lexists(path) and not _stat.S_ISSOCK(os.lstat(path).st_mode):
+        raise TidalError(f"--socket {path}: exists and is not a socket; refusing to replace it")
     if os.path.exists(path):
         probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
@@ -339,6 +381,8 @@ def serve_agent(agent, socket_path: str, tcp_port: Optional[int] = None, poll_in
     old_umask = os.umask(0o177)
     try:
         unix = _UnixServer(socket_path, _Handler)
+    except OSError as exc:
+        raise TidalError(f"--socket {socket_path}: cannot listen: {exc.strerror or exc}") from None
     finally:
         os.umask(old_umask)
     if socket_group is not None:

@@ -12,6 +12,7 @@ import json
 import os
 import sys
 from typing import Any, Optional
+from urllib.parse import quote
 
 import click
 
@@ -19,12 +20,32 @@ from agent.errors import TidalError
 
 
 class _Group(click.Group):
+    def main(self, *args: Any, **kwargs: Any) -> Any:
+        """Usage mistakes too are one ``tidal: error:`` line and exit 2 (click's own form is a
+        usage block and an error line); ``--help`` and successful commands are click's."""
+        kwargs["standalone_mode"] = False
+        try:
+            code = super().main(*args, **kwargs)
+        except click.ClickException as exc:
+            click.echo(f"tidal: error: {exc.format_message()}", err=True)
+            sys.exit(exc.exit_code)
+        except click.exceptions.Abort:
+            click.echo("tidal: aborted", err=True)
+            sys.exit(1)
+        sys.exit(code if isinstance(code, int) else 0)
+
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
         except TidalError as exc:
             click.echo(f"tidal: error: {exc}", err=True)
             ctx.exit(exc.exit_code)
+        except UnicodeDecodeError as exc:  # an input file that is not UTF-8 text
+            click.echo(f"tidal: error: input is not UTF-8 text (byte {exc.start}: {exc.reason})", err=True)
+            ctx.exit(2)
+        except RecursionError:  # JSON (or another input) nested deeper than Python parses
+            click.echo("tidal: error: input nested too deeply", err=True)
+            ctx.exit(2)
 
 
 def emit_json(data: Any) -> None:
@@ -245,7 +266,7 @@ def parse_argv(option: str, value: Optional[str]):
         return None
     try:
         argv = json.loads(value)
-    except json.JSONDecodeError:
+    except (ValueError, RecursionError):
         raise TidalError(f'{option}: expected a JSON list of strings, e.g. \'["/usr/bin/cmd", "arg"]\'') from None
     if not isinstance(argv, list) or not argv or not all(isinstance(a, str) and a for a in argv):
         raise TidalError(f"{option}: expected a non-empty JSON list of non-empty strings")
@@ -307,16 +328,16 @@ def run(socket_path: str, qos: str, cpus, millicpu, numa_binding: bool, numa_exc
     client = _client(socket_path)
     client.request("POST", "/v1/workloads", doc)
     try:
-        client.request("POST", f"/v1/workloads/{doc['name']}/attach", {"pid": os.getpid()})
+        client.request("POST", f"/v1/workloads/{quote(doc['name'], safe='')}/attach", {"pid": os.getpid()})
         sys.stdout.flush()
         sys.stderr.flush()
         os.execvp(command[0], list(command))
     except OSError as exc:
-        client.call("DELETE", f"/v1/workloads/{doc['name']}")
+        client.call("DELETE", f"/v1/workloads/{quote(doc['name'], safe='')}")
         click.echo(f"tidal: error: cannot run {command[0]!r}: {exc.strerror}", err=True)
         sys.exit(127)
     except TidalError:
-        client.call("DELETE", f"/v1/workloads/{doc['name']}")
+        client.call("DELETE", f"/v1/workloads/{quote(doc['name'], safe='')}")
         raise
 
 
@@ -344,7 +365,7 @@ def ps(socket_path: str, as_json: bool) -> None:
 @click.argument("name")
 def release_cmd(socket_path: str, name: str) -> None:
     """Release workload NAME (its processes return to the parent cgroup)."""
-    _client(socket_path).request("DELETE", f"/v1/workloads/{name}")
+    _client(socket_path).request("DELETE", f"/v1/workloads/{quote(name, safe='')}")
     click.echo(f"released {name}")
 
 
@@ -379,18 +400,23 @@ def status(socket_path: str, as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="JSON output.")
 def capacity(socket_path: str, fmt: str, watch: bool, as_json: bool) -> None:
     """The reclaimed capacity offline agents may use now."""
-    client = _client(socket_path)
+    from agent.client import AgentClient
+
+    client = AgentClient(socket_path, timeout=LONG_POLL_S + 30)  # longer than the server holds a long-poll
     generation = None
     while True:
         path = "/v1/capacity?format=tidal"
         if generation is not None:
-            path += f"&wait_generation={generation}&timeout=60"
+            path += f"&wait_generation={generation}&timeout={LONG_POLL_S}"
         doc = client.request("GET", path)
         if generation is None or doc["generation"] != generation:
             _print_capacity(doc, fmt, as_json)
         if not watch:
             return
         generation = doc["generation"]
+
+
+LONG_POLL_S = 60
 
 
 def _print_capacity(doc, fmt: str, as_json: bool) -> None:
@@ -517,25 +543,45 @@ def kube_client(kubeconfig: Optional[str]):
 @cluster.command("extender")
 @KUBECONFIG_OPTION
 @click.option("--port", default=8890, show_default=True, type=click.IntRange(1, 65535))
-@click.option("--address", default="0.0.0.0", show_default=True)
+@click.option("--address", default="127.0.0.1", show_default=True,
+              help="Listen address; anything but loopback needs --tls-client-ca (or --insecure).")
+@click.option("--tls-cert", default=None, type=click.Path(dir_okay=False), help="Serve HTTPS with this certificate.")
+@click.option("--tls-key", default=None, type=click.Path(dir_okay=False), help="The certificate's key.")
+@click.option("--tls-client-ca", default=None, type=click.Path(dir_okay=False),
+              help="Require client certificates signed by this CA (kube-scheduler's tlsConfig.certFile/keyFile).")
+@click.option("--insecure", is_flag=True,
+              help="Listen beyond loopback without client certificates: anyone who reaches the port may bind pods.")
 @click.option("--policy", default="pack", show_default=True, type=click.Choice(["pack", "spread"]))
 @click.option("--stale-after", default=120.0, show_default=True, type=click.FloatRange(1, 86400),
               help="Seconds after which a node's topology report is not trusted.")
-def cluster_extender(kubeconfig, port: int, address: str, policy: str, stale_after: float) -> None:
+def cluster_extender(kubeconfig, port: int, address: str, tls_cert, tls_key, tls_client_ca, insecure: bool,
+                     policy: str, stale_after: float) -> None:
     """Serve the kube-scheduler extender (filter, prioritize, bind) from the nodes' topology reports."""
+    import ipaddress
     import signal
     import threading
 
-    from cluster.extender import NrtWatcher, TopologyCache, serve
+    from cluster.extender import NrtWatcher, TopologyCache, serve, tls_context
 
+    if (tls_cert is None) != (tls_key is None) or (tls_client_ca and tls_cert is None):
+        raise TidalError("--tls-cert and --tls-key go together, and --tls-client-ca needs them")
+    try:
+        loopback = ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        loopback = address == "localhost"
+    if not loopback and not tls_client_ca and not insecure:
+        raise TidalError(f"--address {address}: beyond loopback the extender (which binds pods) needs "
+                         f"--tls-cert/--tls-key/--tls-client-ca, or --insecure to accept any caller")
+    tls = tls_context(tls_cert, tls_key, tls_client_ca) if tls_cert else None
     api = kube_client(kubeconfig)
     stop = threading.Event()
     cache = TopologyCache(stale_after=stale_after, policy=policy)
     watcher = NrtWatcher(cache, api, stop)
     watcher.check_crd()
     watcher.start()
-    server = serve(cache, port, address, api_client=api)
-    click.echo(f"tidal extender: serving {address}:{port} (filter, prioritize, bind); policy {policy}")
+    server = serve(cache, port, address, api_client=api, tls=tls)
+    click.echo(f"tidal extender: serving {'https' if tls else 'http'}://{address}:{port} (filter, prioritize, bind)"
+               f"{'; client certificates required' if tls_client_ca else ''}; policy {policy}")
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
         while not stop.wait(1.0):

@@ -43,7 +43,12 @@ from cluster.placement.view import ClusterView
 
 log = logging.getLogger("tidal.extender")
 MAX_EXTENDER_PRIORITY = 10
-_PLAIN = re.compile(r"[A-Za-z0-9._\n-]+\Z")  # node names are DNS subdomains: nothing to escape in JSON
+# node names are DNS subdomains: nothing to escape in JSON. Names are checked joined by "," (no
+# escaping either), never by a character that may itself need escaping (a name with a newline in it
+# once made the answer invalid JSON)
+_PLAIN = re.compile(r"[A-Za-z0-9._,-]+\Z")
+MAX_BODY = 32 << 20  # 5,000 node names are ~100 KB; whole Node objects (not nodeCacheCapable) a few MB
+IO_TIMEOUT = 10.0
 _KEPT = 16  # candidate lists, answers and fits kept per kind (a scheduler cycles through a few pod shapes)
 _PLACEHOLDER_VALUE = "\u0000tidal-known-names"  # no scheduler sends a string as NodeNames
 _PLACEHOLDER = json.dumps(_PLACEHOLDER_VALUE).encode()
@@ -186,7 +191,7 @@ class TopologyCache:
         if not isinstance(args, dict):
             raise ValueError("ExtenderArgs must be a JSON object")
         names = _names(args)
-        if at >= 0 and args.get("NodeNames") is not None and _PLAIN.match("\n".join(names) or "x"):
+        if at >= 0 and args.get("NodeNames") is not None and _PLAIN.match(",".join(names) or "x"):
             self._remember_segment(raw[at + 12:raw.find(b"]", at) + 1], names)
         return args, names
 
@@ -303,7 +308,7 @@ class TopologyCache:
         """Whether every name goes into JSON as it is (known lists were checked when first seen)."""
         if any(n is names for _, n in self._segments):
             return True
-        return bool(_PLAIN.match("\n".join(names) or "x"))
+        return bool(_PLAIN.match(",".join(names) or "x"))
 
     def _scores(self, spec: Optional[PodSpec], names: List[str]) -> np.ndarray:
         with self.lock:
@@ -469,14 +474,37 @@ def _binder(api_client):
 def serve(cache: TopologyCache, port: int, host: str = "127.0.0.1", api_client=None,
           record_dir: Optional[str] = None, handler_times: Optional[List[Tuple[str, float]]] = None,
           binding: Optional[Tuple[Callable[[str, str, str, str], None], Callable[[str, str], Dict[str, Any]]]] = None,
-          ) -> ThreadingHTTPServer:
+          tls: Optional["ssl.SSLContext"] = None) -> ThreadingHTTPServer:
     """``binding``: (bind(namespace, name, uid, node), read_pod(namespace, name)) in place of the API's
-    (benchmarks bind without an API server); ``handler_times``: collects (path, ms inside) per call."""
+    (benchmarks bind without an API server); ``handler_times``: collects (path, ms inside) per call;
+    ``tls``: serve HTTPS with this server context (``tls_context``: client certificates required
+    when it was given a CA), the handshake done on the connection's own thread."""
     bind, read_pod = binding or (_binder(api_client) if api_client is not None else (None, None))
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
         disable_nagle_algorithm = True
+        timeout = IO_TIMEOUT  # headers and body must keep coming; a silent client is dropped
+
+        def setup(self) -> None:
+            if tls is not None:
+                self.request.settimeout(IO_TIMEOUT)
+                self.request.do_handshake()  # here, not in the accept loop: a slow client holds only itself
+            super().setup()
+
+        def _refuse(self) -> None:
+            self.close_connection = True
+            self._send(405, {"Error": f"method {self.command} is not allowed (POST)"})
+
+        do_GET = do_PUT = do_PATCH = do_DELETE = do_HEAD = do_OPTIONS = _refuse
+
+        def send_error(self, code: int, message: Optional[str] = None, explain: Optional[str] = None) -> None:
+            """The server's own errors (bad request line, headers too long) as JSON, never HTML."""
+            self.close_connection = True
+            try:
+                self._send(code, {"Error": message or self.responses.get(code, ("error",))[0]})
+            except OSError:
+                pass
 
         def log_message(self, *args) -> None:  # quiet: the scheduler calls several times per pod
             pass
@@ -498,10 +526,22 @@ def serve(cache: TopologyCache, port: int, host: str = "127.0.0.1", api_client=N
             self._started = time.perf_counter()
             try:
                 length = int(self.headers.get("Content-Length") or 0)
+            except ValueError:
+                return self._send(400, {"Error": "malformed request: bad Content-Length"})
+            if not 0 <= length <= MAX_BODY:
+                self.close_connection = True
+                return self._send(413, {"Error": f"request body of {length} bytes; at most {MAX_BODY}"})
+            try:
                 raw = self.rfile.read(length) or b"{}"
+            except TimeoutError:
+                self.close_connection = True
+                return self._send(408, {"Error": f"the body did not arrive within {IO_TIMEOUT:g} s"})
+            try:
                 args, names = cache.read_args(raw)
-            except (ValueError, json.JSONDecodeError) as exc:
-                return self._send(400, {"Error": f"malformed request: {exc}"})
+                if not isinstance(args.get("Pod") or {}, dict):
+                    raise ValueError("Pod must be an object")
+            except (ValueError, TypeError, RecursionError) as exc:  # RecursionError: nesting too deep
+                return self._send(400, {"Error": f"malformed request: {str(exc)[:200]}"})
             if record_dir:  # keep the scheduler's bodies (test fixtures are recorded this way)
                 import os
 
@@ -534,8 +574,29 @@ def serve(cache: TopologyCache, port: int, host: str = "127.0.0.1", api_client=N
 
     server = ThreadingHTTPServer((host, port), Handler)
     server.daemon_threads = True
+    if tls is not None:
+        server.socket = tls.wrap_socket(server.socket, server_side=True, do_handshake_on_connect=False)
     threading.Thread(target=server.serve_forever, name="extender-http", daemon=True).start()
     return server
+
+
+def tls_context(cert: str, key: str, client_ca: Optional[str]) -> "ssl.SSLContext":
+    """The extender's HTTPS: its certificate, and with ``client_ca`` a client certificate signed by
+    that CA required of every caller (kube-scheduler's extender ``tlsConfig.certFile/keyFile``)."""
+    import ssl
+
+    from agent.errors import TidalError
+
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    try:
+        context.load_cert_chain(cert, key)
+        if client_ca:
+            context.load_verify_locations(client_ca)
+            context.verify_mode = ssl.CERT_REQUIRED
+    except (OSError, ssl.SSLError) as exc:
+        raise TidalError(f"extender TLS: {exc}") from None
+    return context
 
 
 def _names(args: Dict[str, Any]) -> List[str]:

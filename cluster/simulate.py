@@ -136,50 +136,59 @@ def read_trace(path: str, nodes: int) -> Trace:
     except OSError as exc:
         raise TraceError(f"{path}: {exc.strerror}") from None
     with handle:
-        reader = csv.DictReader(handle)
-        missing = [c for c in need if c not in (reader.fieldnames or [])]
-        if missing:
-            raise TraceError(f"{path}:1: missing column(s) {', '.join(missing)} (need {','.join(need)})")
-        for row in reader:
-            line = reader.line_num
-            where = f"{path}:{line}"
+        try:
+            return _read_rows(path, handle, nodes, need, online, jobs)
+        except UnicodeDecodeError as exc:
+            raise TraceError(f"{path}: not UTF-8 text (byte {exc.start})") from None
+        except csv.Error as exc:
+            raise TraceError(f"{path}: not a CSV trace ({exc})") from None
+
+
+def _read_rows(path, handle, nodes, need, online, jobs) -> Trace:
+    reader = csv.DictReader(handle)
+    missing = [c for c in need if c not in (reader.fieldnames or [])]
+    if missing:
+        raise TraceError(f"{path}:1: missing column(s) {', '.join(missing)} (need {','.join(need)})")
+    for row in reader:
+        line = reader.line_num
+        where = f"{path}:{line}"
+        try:
+            minute = int(row["minute"])
+            cores = float(row["cores"])
+        except (TypeError, ValueError):
+            raise TraceError(f"{where}: minute and cores must be numbers") from None
+        if minute < 0:
+            raise TraceError(f"{where}: minute {minute} is negative")
+        if cores < 0 or math.isnan(cores):
+            raise TraceError(f"{where}: negative demand ({cores} cores)")
+        kind, name = (row["kind"] or "").strip(), (row["name"] or "").strip()
+        if not name:
+            raise TraceError(f"{where}: name is empty")
+        if kind == "online":
+            online.setdefault(name, []).append((minute, cores))
+        elif kind == "offline":
+            if cores == 0:
+                raise TraceError(f"{where}: an offline job needs cores above zero")
             try:
-                minute = int(row["minute"])
-                cores = float(row["cores"])
+                minutes = float(row["duration_min"])
             except (TypeError, ValueError):
-                raise TraceError(f"{where}: minute and cores must be numbers") from None
-            if minute < 0:
-                raise TraceError(f"{where}: minute {minute} is negative")
-            if cores < 0 or math.isnan(cores):
-                raise TraceError(f"{where}: negative demand ({cores} cores)")
-            kind, name = (row["kind"] or "").strip(), (row["name"] or "").strip()
-            if not name:
-                raise TraceError(f"{where}: name is empty")
-            if kind == "online":
-                online.setdefault(name, []).append((minute, cores))
-            elif kind == "offline":
-                if cores == 0:
-                    raise TraceError(f"{where}: an offline job needs cores above zero")
-                try:
-                    minutes = float(row["duration_min"])
-                except (TypeError, ValueError):
-                    raise TraceError(f"{where}: duration_min must be a number for offline rows") from None
-                if minutes <= 0:
-                    raise TraceError(f"{where}: duration_min must be above zero")
-                tier = (row["tier"] or "low").strip()
-                if tier not in TIERS:
-                    raise TraceError(f"{where}: tier {tier!r} is not one of {', '.join(TIERS)}")
-                node = None
-                if (row["node"] or "").strip():
-                    label = row["node"].strip()
-                    number = label[5:] if label.startswith("node-") else ""
-                    if not number.isdigit() or int(number) >= nodes:
-                        raise TraceError(f"{where}: unknown node id {label!r} (the cluster has node-0 .. "
-                                         f"node-{nodes - 1})")
-                    node = int(number)
-                jobs.append(Job(minute, name, cores, minutes, tier, node))
-            else:
-                raise TraceError(f"{where}: kind {kind!r}: expected online or offline")
+                raise TraceError(f"{where}: duration_min must be a number for offline rows") from None
+            if minutes <= 0:
+                raise TraceError(f"{where}: duration_min must be above zero")
+            tier = (row["tier"] or "low").strip()
+            if tier not in TIERS:
+                raise TraceError(f"{where}: tier {tier!r} is not one of {', '.join(TIERS)}")
+            node = None
+            if (row["node"] or "").strip():
+                label = row["node"].strip()
+                number = label[5:] if label.startswith("node-") else ""
+                if not number.isdigit() or int(number) >= nodes:
+                    raise TraceError(f"{where}: unknown node id {label!r} (the cluster has node-0 .. "
+                                     f"node-{nodes - 1})")
+                node = int(number)
+            jobs.append(Job(minute, name, cores, minutes, tier, node))
+        else:
+            raise TraceError(f"{where}: kind {kind!r}: expected online or offline")
     for points in online.values():
         points.sort()
     return Trace(online, sorted(jobs))

@@ -146,6 +146,10 @@ def parse_requests(text: str, source: str = "requests") -> List[Request]:
         docs = json.loads(text)
     except json.JSONDecodeError as exc:
         raise AdmissionError(f"{source}: malformed JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
+    except ValueError as exc:  # e.g. an integer of more than 4,300 digits
+        raise AdmissionError(f"{source}: {exc}") from None
+    except RecursionError:
+        raise AdmissionError(f"{source}: JSON nested too deeply") from None
     if not isinstance(docs, list):
         raise AdmissionError(f"{source}: expected a JSON list of requests")
     requests = []

@@ -139,9 +139,9 @@ class Admission:
             try:
                 self.enforcement.driver.move(self.enforcement.cgroups_of(alloc)[0], pid)
             except CgroupError as exc:
-                if "no such process" in str(exc):
-                    raise AdmissionError(str(exc)) from None
-                raise
+                # no such process, or one the kernel will not move (a kernel thread, a task of a
+                # real-time group): the caller's pid, so a client mistake, never a 500
+                raise AdmissionError(f"cannot attach pid {pid}: {exc}") from None
             self.seen_procs[name] = True
             return self.describe(alloc)
 

@@ -93,10 +93,15 @@ class _Reader:
         """An integer attribute; an empty file (captured trees have them, hwloc reads them) is
         unknown, with one warning per discovery, never fatal."""
         text = self.fs.read(path)
-        if text is not None and not text.strip():
+        if text is None:
+            return None
+        if not text.strip():
             self.empty.append(path)
             return None
-        return self.parsed(path, parse_int)
+        try:
+            return parse_int(text)
+        except ValueError as exc:
+            raise TopologyError(f"{self.fs.path(path)}: {exc}") from None
 
 
 class _LazyCpuinfoIds:
@@ -128,7 +133,9 @@ def _cpu_ids(reader: _Reader) -> List[int]:
 
 def _online_set(reader: _Reader, cpu_ids: Sequence[int]) -> Set[int]:
     listed = reader.parsed(f"{CPU_DIR}/online", parse_cpulist)
-    if listed is not None:
+    if listed == ():  # never empty on a kernel (a cpu runs this): an empty file is unknown
+        reader.empty.append(f"{CPU_DIR}/online")
+    elif listed is not None:
         return set(listed) & set(cpu_ids)
     online = set()
     for cpu in cpu_ids:

@@ -22,6 +22,9 @@ from typing import Dict, Iterable, Iterator, List, Optional, Tuple
 _RANGE = re.compile(r"^(\d+)(?:-(\d+)(?::(\d+)/(\d+))?)?$")
 
 
+MAX_CPU_ID = 65535
+
+
 def parse_cpulist(text: str) -> Tuple[int, ...]:
     """Parse a kernel cpu list into a sorted tuple of cpu ids.
 
@@ -40,6 +43,8 @@ def parse_cpulist(text: str) -> Tuple[int, ...]:
         last = int(match.group(2)) if match.group(2) is not None else first
         if last < first:
             raise ValueError(f"descending range {part!r} in cpu list {text!r}")
+        if last > MAX_CPU_ID:  # no kernel numbers cpus this high (NR_CPUS is at most 8192)
+            raise ValueError(f"cpu {last} in {part!r} is above {MAX_CPU_ID}")
         if match.group(3) is not None:
             used, group = int(match.group(3)), int(match.group(4))
             if used == 0 or group == 0 or used > group:

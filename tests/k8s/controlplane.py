@@ -139,8 +139,28 @@ current-context: e2e
 """)
         return path
 
-    def start_scheduler(self, extender_url: str, config: str = "deploy/scheduler-config.yaml") -> None:
-        """kube-scheduler with the project's own configuration, pointed at this test's extender."""
+    def extender_certs(self) -> Dict[str, str]:
+        """A CA, the extender's server certificate (for 127.0.0.1) and kube-scheduler's client
+        certificate, made with openssl as deploy/extender.yaml says."""
+        d = f"{self.dir}/extender-tls"
+        os.makedirs(d, exist_ok=True)
+
+        def run(*argv: str) -> None:
+            subprocess.run(list(argv), check=True, capture_output=True, cwd=d)
+
+        run("openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=tidal-test-ca",
+            "-keyout", "ca.key", "-out", "ca.crt")
+        for name, extra in (("tls", ["-addext", "subjectAltName=IP:127.0.0.1"]), ("client", [])):
+            run("openssl", "req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={name}", "-keyout", f"{name}.key",
+                "-out", f"{name}.csr", *extra)
+            run("openssl", "x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
+                "-CAcreateserial", "-days", "2", "-out", f"{name}.crt", "-copy_extensions", "copy")
+        return {k: f"{d}/{k.replace('_', '.')}" for k in ("ca_crt", "tls_crt", "tls_key", "client_crt", "client_key")}
+
+    def start_scheduler(self, extender_url: str, config: str = "deploy/scheduler-config.yaml",
+                        tls: Optional[Dict[str, str]] = None) -> None:
+        """kube-scheduler with the project's own configuration, pointed at this test's extender
+        (and, with ``tls``, at this test's certificates in place of the shipped paths)."""
         import yaml
 
         d = self.dir
@@ -149,6 +169,9 @@ current-context: e2e
         doc["clientConnection"]["kubeconfig"] = self.kubeconfig()
         doc["leaderElection"]["leaderElect"] = False
         doc["extenders"][0]["urlPrefix"] = extender_url
+        if tls is not None:
+            doc["extenders"][0]["tlsConfig"] = {"certFile": tls["client_crt"], "keyFile": tls["client_key"],
+                                                "caFile": tls["ca_crt"]}
         with open(f"{d}/scheduler.yaml", "w") as handle:
             yaml.safe_dump(doc, handle)
         proc = self._spawn("kube-scheduler", [f"{self.bin}/kube-scheduler", f"--config={d}/scheduler.yaml",

@@ -114,10 +114,16 @@ def cluster(plane, api, hwloc_topologies, tmp_path_factory):
     port = free_port()
     import os
 
-    server = serve(cache, port, api_client=api, record_dir=os.environ.get("TIDAL_EXTENDER_RECORD"))
+    # the shipped wiring: HTTPS with client certificates (deploy/extender.yaml, deploy/scheduler-config.yaml)
+    from cluster.extender import tls_context
+
+    certs = plane.extender_certs()
+    server = serve(cache, port, api_client=api, record_dir=os.environ.get("TIDAL_EXTENDER_RECORD"),
+                   tls=tls_context(certs["tls_crt"], certs["tls_key"], certs["ca_crt"]))
     wait_for(lambda: len(cache.reports) == 3, "three topology reports in the extender")
-    plane.start_scheduler(f"http://127.0.0.1:{port}/")
-    yield {"agents": agents, "cache": cache, "core": core, "api": api, "topologies": nodes}
+    plane.start_scheduler(f"https://127.0.0.1:{port}/", tls=certs)
+    yield {"agents": agents, "cache": cache, "core": core, "api": api, "topologies": nodes, "port": port,
+           "certs": certs}
     stop.set()
     server.shutdown()
     for node_agent in agents.values():
@@ -296,3 +302,21 @@ def test_agents_keep_enforcing_while_the_api_server_is_away_and_catch_up(cluster
     wait_for(lambda: cluster["agents"][node].agent.state.get(f"default.{name}"), "the agent to catch up", timeout=60)
     assert any(a.api_errors for a in cluster["agents"].values())
     core.delete_namespaced_pod(name, "default", grace_period_seconds=0)
+
+
+def test_the_extender_answers_only_callers_with_a_client_certificate(cluster):
+    """#17: /bind binds any pod with the extender's service account, so no certificate, no answer."""
+    import json
+    import ssl
+    import urllib.request
+
+    url = f"https://127.0.0.1:{cluster['port']}/filter"
+    body = json.dumps({"Pod": {"metadata": {"name": "x"}}, "NodeNames": ["n-big"]}).encode()
+    anonymous = ssl.create_default_context(cafile=cluster["certs"]["ca_crt"])
+    with pytest.raises((ssl.SSLError, ConnectionError, OSError)):
+        urllib.request.urlopen(urllib.request.Request(url, data=body), context=anonymous, timeout=10).read()
+    scheduler = ssl.create_default_context(cafile=cluster["certs"]["ca_crt"])
+    scheduler.load_cert_chain(cluster["certs"]["client_crt"], cluster["certs"]["client_key"])
+    answer = json.loads(urllib.request.urlopen(urllib.request.Request(url, data=body), context=scheduler,
+                                               timeout=10).read())
+    assert "NodeNames" in answer

@@ -449,6 +449,47 @@ def test_extender_over_http_filter_then_prioritize_and_bad_bodies():
         server.shutdown()
 
 
+def test_the_extender_answers_hostile_bodies_with_one_4xx_and_stays_up():
+    """#17: a 300 MB body grew the process by 600 MB, deep nesting dropped the connection unanswered,
+    a node name with a newline made the answer invalid JSON, other methods answered HTML."""
+    import http.client
+    import socket
+
+    from cluster.extender import MAX_BODY, serve
+
+    args = recorded("filter-numa-bound.json")
+    cache = TopologyCache(stale_after=60)
+    cache.put(node_report("n-big", [16, 16]))
+    server = serve(cache, 0)
+    port = server.server_address[1]
+    try:
+        def call(method, body=None, headers=None):
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+            conn.request(method, "/filter", body, {"Content-Type": "application/json", **(headers or {})})
+            response = conn.getresponse()
+            data = response.read()
+            conn.close()
+            return response.status, json.loads(data)
+
+        # a body over the limit is refused from its Content-Length, before it is read
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as raw:
+            raw.sendall(f"POST /filter HTTP/1.1\r\nContent-Length: {MAX_BODY + 1}\r\n\r\n".encode())
+            head = raw.recv(4096)
+        assert head.startswith(b"HTTP/1.1 413 ")
+        status, answer = call("POST", b"[" * 100_000 + b"]" * 100_000)
+        assert status == 400 and "malformed request" in answer["Error"]
+        odd = ["n-big", "evil\nname", 'q"uote']
+        status, answer = call("POST", _go_body(args["Pod"], odd))  # valid JSON whatever the names
+        assert status == 200 and answer["NodeNames"] == ["n-big"] and set(answer["FailedNodes"]) == set(odd[1:])
+        for method in ("GET", "PUT", "DELETE"):
+            status, answer = call(method)
+            assert status == 405 and "not allowed" in answer["Error"]
+        status, answer = call("POST", _go_body(args["Pod"], ["n-big"]))
+        assert status == 200 and answer["NodeNames"] == ["n-big"]  # still serving
+    finally:
+        server.shutdown()
+
+
 def test_the_pod_watch_and_the_report_loop_never_deadlock(topo_dual_socket_ht, tmp_path):
     """The watch admits pods while the report loop reads the agent's state, on two threads. They
     once took the node agent's lock and the agent's in opposite orders and froze each other (no

@@ -1,0 +1,85 @@
+"""Every CLI mistake is one ``tidal: error:`` line and exit 2: no traceback, nothing left behind.
+
+Each row is something a user (or a script) gave ``tidal`` that once ended in
+a Python traceback, a hang, a wrong action or a deleted file (#17).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from agent.topology.synthetic import Shape, write_tree
+
+
+@pytest.fixture(scope="module")
+def tree(tmp_path_factory):
+    root = tmp_path_factory.mktemp("clitree")
+    write_tree(str(root), Shape(sockets=1, numa_per_socket=1, cores_per_numa=2))
+    return str(root)
+
+
+def tidal(*argv, timeout=60):
+    return subprocess.run([sys.executable, "-m", "agent.cli", *argv], capture_output=True, timeout=timeout)
+
+
+def file_with(tmp_path, name, data: bytes):
+    path = tmp_path / name
+    path.write_bytes(data)
+    return str(path)
+
+
+CASES = [
+    ("plan-infinity", lambda t, r: ["plan", "--root", r, "--requests", file_with(t, "r.json", b'[{"name":"a","qos":"shared_cores",'
+                                                                              b'"millicpu":1e400}]')], "positive"),
+    ("plan-huge-int", lambda t, r: ["plan", "--root", r, "--requests", file_with(t, "r.json", b'[{"name":"a","millicpu":'
+                                                                               + b"9" * 5000 + b"}]")], "digits"),
+    ("plan-deep", lambda t, r: ["plan", "--root", r, "--requests", file_with(t, "r.json", b"[" * 100_000 + b"]" * 100_000)],
+     "nested too deeply"),
+    ("plan-binary", lambda t, r: ["plan", "--root", r, "--requests", file_with(t, "r.json", b"\x00\xff\xfe\x80 junk")],
+     "not UTF-8"),
+    ("plan-latin1", lambda t, r: ["plan", "--root", r, "--requests", file_with(t, "r.json", '[{"name":"caf\xe9"}]'.encode("latin-1"))],
+     "not UTF-8"),
+    ("push-command-deep", lambda t, r: ["agent", "--root", r, "--record-cgroups", "--state-dir", str(t / "s"),
+                                        "--socket", str(t / "a.sock"), "--push-command", "[" * 100_000],
+     "--push-command: expected a JSON list"),
+    ("socket-in-proc", lambda t, r: ["agent", "--root", r, "--record-cgroups", "--state-dir", str(t / "s"),
+                                     "--socket", "/proc/tidal-x.sock"], "--socket /proc/tidal-x.sock"),
+    ("socket-is-a-file", lambda t, r: ["agent", "--root", r, "--record-cgroups", "--state-dir", str(t / "s"),
+                                       "--socket", file_with(t, "precious", b"keep me")], "is not a socket"),
+    ("reserved-huge", lambda t, r: ["agent", "--root", r, "--record-cgroups", "--state-dir", str(t / "s"),
+                                    "--socket", str(t / "a.sock"), "--reserved-cpus", "0-999999999"], "above 65535"),
+    ("simulate-binary-trace", lambda t, r: ["cluster", "simulate", "--nodes", "4", "--hours", "1", "--trace",
+                                            file_with(t, "t.csv", b"\x00\xff\xfe\x80" * 100)], "not UTF-8"),
+    ("release-space", lambda t, r: ["release", "a b", "--socket", str(t / "none.sock")], "no agent at"),
+    ("release-question-mark", lambda t, r: ["release", "a?b", "--socket", str(t / "none.sock")], "no agent at"),
+    ("unknown-option", lambda t, r: ["plan", "--bogus"], "No such option"),
+    ("bad-choice", lambda t, r: ["capacity", "--format", "xml"], "'xml' is not one of"),
+    ("cgroup-base-empty", lambda t, r: ["agent", "--root", r, "--record-cgroups", "--state-dir", str(t / "s"),
+                                        "--socket", str(t / "a.sock"), "--cgroup-base", ""], "relative path of names"),
+]
+
+
+@pytest.mark.parametrize("make, expect", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_one_error_line_and_exit_2(tmp_path, tree, make, expect):
+    done = tidal(*make(tmp_path, tree))
+    err = done.stderr.decode(errors="replace")
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert done.returncode == 2, err
+    assert len(lines) == 1 and lines[0].startswith("tidal: error:") and expect in lines[0], err
+    assert b"Traceback" not in done.stdout + done.stderr
+    if (tmp_path / "precious").exists():
+        assert (tmp_path / "precious").read_bytes() == b"keep me"  # never deleted for a socket
+
+
+def test_topology_of_a_tree_with_a_fifo_does_not_hang(tmp_path):
+    write_tree(str(tmp_path), Shape(sockets=1, numa_per_socket=1, cores_per_numa=2))
+    online = tmp_path / "sys/devices/system/cpu/online"
+    online.unlink()
+    os.mkfifo(online)  # reading it would block forever
+    done = tidal("topology", "--root", str(tmp_path), "--json", timeout=30)
+    assert done.returncode == 0, done.stderr
+    assert b'"cpus"' in done.stdout
