@@ -116,9 +116,16 @@ def test_odd_tree_is_discovered_with_a_warning(tree):
 
 
 def test_no_online_cpu_is_an_error(tree):
-    (tree / "sys/devices/system/cpu/online").write_text("\n")
+    (tree / "sys/devices/system/cpu/online").write_text("200\n")  # a cpu the tree does not have
     result = run("topology", "--root", str(tree))
     assert result.exit_code == 2 and "no cpu is online" in _error_line(result)
+
+
+def test_an_empty_online_file_is_unknown_not_fatal(tree):
+    """#17: an empty attribute is unknown (hwloc reads such trees); the per-cpu files decide."""
+    (tree / "sys/devices/system/cpu/online").write_text("\n")
+    result = run("topology", "--root", str(tree), "--json")
+    assert result.exit_code == 0 and json.loads(result.output.split("\ntidal: warning")[0])["cpus"]
 
 
 def test_bench_topology_json(tree):
