@@ -37,7 +37,7 @@ import socketserver
 import struct
 import threading
 from http.server import BaseHTTPRequestHandler, HTTPServer
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, List, Optional, Protocol, Tuple
 from urllib.parse import unquote, urlsplit
 
 from agent.authority import Caller, check, may_touch, pid_owner, token_matches
@@ -50,6 +50,27 @@ MAX_CONNECTIONS = 256
 IDLE_TIMEOUT = 10.0
 BACKLOG = 512
 _PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
+
+
+class AgentFace(Protocol):
+    """What the API serves: the agent's face (``agent.daemon.Agent``), or any object with it.
+    The API imports no agent code beyond errors and authority: it serves this protocol."""
+
+    evictions: List[Dict[str, Any]]
+    evictions_by_tier: Dict[str, int]
+
+    def status(self) -> Dict[str, Any]: ...
+    def capacity_doc(self) -> Dict[str, Any]: ...
+    def wait_capacity(self, generation: int, timeout: float) -> Dict[str, Any]: ...
+    def node_doc(self) -> Dict[str, Any]: ...
+    def lend(self, notice: Any) -> Dict[str, Any]: ...
+    def take_back(self, notice: Any) -> Dict[str, Any]: ...
+    def net_status(self) -> Dict[str, Any]: ...
+    def workloads(self) -> List[Dict[str, Any]]: ...
+    def admit(self, doc: Any, source: str = ..., owner: Optional[int] = ...) -> Dict[str, Any]: ...
+    def release(self, name: str) -> None: ...
+    def attach(self, name: str, pid: Any) -> Dict[str, Any]: ...
+    def owner_of(self, name: str) -> Optional[int]: ...
 
 
 class _SlowClient(Exception):
@@ -371,7 +392,7 @@ def _prepare_socket_path(path: str) -> None:
             probe.close()
 
 
-def serve_agent(agent, socket_path: str, tcp_port: Optional[int] = None, poll_interval: float = 0.5,
+def serve_agent(agent: AgentFace, socket_path: str, tcp_port: Optional[int] = None, poll_interval: float = 0.5,
                 socket_group: Optional[int] = None, tcp_token: Optional[str] = None) -> Servers:
     """Serve in daemon threads. ``poll_interval`` is how often an idle server wakes
     to check for shutdown: each wake costs cpu, so the agent keeps it long.

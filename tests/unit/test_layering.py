@@ -126,3 +126,14 @@ def test_the_write_list_has_no_stale_entries():
         if any(isinstance(n, ast.Call) and _is_write_open(n) for n in ast.walk(tree)):
             writing.add(rel)
     assert set(WRITERS) <= writing, set(WRITERS) - writing
+
+
+def test_the_agent_has_the_face_the_api_serves():
+    """api.py serves a protocol, not daemon.py: the agent must keep every method of it."""
+    from agent.api import AgentFace
+    from agent.daemon import Agent
+
+    wanted = [name for name in dir(AgentFace) if not name.startswith("_")]
+    missing = [name for name in wanted if not hasattr(Agent, name) and name not in AgentFace.__annotations__]
+    assert not missing, missing
+    assert {"status", "admit", "release", "attach", "lend", "take_back", "owner_of"} <= set(wanted)
