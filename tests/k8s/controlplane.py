@@ -35,6 +35,21 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def wait_for(check, what: str, timeout: float = 60.0, interval: float = 0.2):
+    """``check()``'s first truthy answer; an exception counts as "not yet" (the API or agent may be starting)."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        try:
+            last = check()
+            if last:
+                return last
+        except Exception as exc:  # noqa: BLE001 - not ready yet
+            last = exc
+        time.sleep(interval)
+    raise AssertionError(f"timed out waiting for {what} (last: {last!r})")
+
+
 def _wait(check, what: str, timeout: float = 60.0, proc: Optional[subprocess.Popen] = None, log: str = "") -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -35,6 +35,7 @@ import pytest
 import yaml
 
 from tests.conftest import is_root
+from tests.k8s.controlplane import wait_for
 
 pytestmark = [pytest.mark.k8s, pytest.mark.filterwarnings("ignore::urllib3.exceptions.InsecureRequestWarning")]
 
@@ -54,20 +55,6 @@ def daemonset_command(node: str, state_dir: str, socket_path: str):
     argv[argv.index("--state-dir") + 1] = state_dir
     argv[argv.index("--socket") + 1] = socket_path
     return [sys.executable, "-m", "agent.cli", "agent", *argv]
-
-
-def wait_for(check, what, timeout=60.0, interval=0.5):
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        try:
-            last = check()
-            if last:
-                return last
-        except Exception as exc:  # noqa: BLE001 - the agent may still be starting
-            last = exc
-        time.sleep(interval)
-    raise AssertionError(f"timed out waiting for {what} (last: {last!r})")
 
 
 class AgentProcess:

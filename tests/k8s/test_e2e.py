@@ -13,7 +13,7 @@ import uuid
 import pytest
 import yaml
 
-from tests.k8s.controlplane import ControlPlane, free_port
+from tests.k8s.controlplane import ControlPlane, free_port, wait_for
 from tests.k8s.controlplane import testbin as find_testbin
 
 BIN = find_testbin()
@@ -23,20 +23,6 @@ pytestmark = [pytest.mark.k8s, pytest.mark.filterwarnings("ignore::urllib3.excep
 
 NODES = {"n-small": "16amd64-8n2c", "n-big": "32intel64-2p8co2t+8ve", "n-mid": "64amd64-4s2n4ca2co"}
 GIB = 1 << 30
-
-
-def wait_for(check, what, timeout=60.0, interval=0.2):
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        try:
-            last = check()
-            if last:
-                return last
-        except Exception as exc:  # noqa: BLE001 - the API may be restarting
-            last = exc
-        time.sleep(interval)
-    raise AssertionError(f"timed out waiting for {what} (last: {last!r})")
 
 
 def test_a_missing_crd_is_a_clear_error_at_start(plane, api, hwloc_topologies, tmp_path_factory):

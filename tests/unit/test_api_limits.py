@@ -45,6 +45,17 @@ def _tcp_health(port):
     return data.split(b"\r\n", 1)[0]
 
 
+def _wait_until_serving(agent, sock_path):
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            _health_ms(sock_path)
+            return
+        except Exception:  # noqa: BLE001 - still starting
+            assert agent.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+
+
 def test_two_thousand_idle_connections_do_not_stop_the_agent(tmp_path):
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft < FLOOD + 500:  # the test's own side of the flood
@@ -58,14 +69,7 @@ def test_two_thousand_idle_connections_do_not_stop_the_agent(tmp_path):
                               "--tcp-port", str(port)], stdout=log, stderr=subprocess.STDOUT)
     flood = []
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                _health_ms(sock)
-                break
-            except Exception:  # noqa: BLE001 - still starting
-                assert agent.poll() is None and time.monotonic() < deadline
-                time.sleep(0.05)
+        _wait_until_serving(agent, sock)
         for _ in range(FLOOD):
             conn = socket.socket()
             conn.setblocking(False)
@@ -111,14 +115,7 @@ def test_a_client_that_sends_half_a_request_is_dropped_and_others_are_served(tmp
                               "--record-cgroups", "--socket", sock, "--state-dir", str(tmp_path / "state")],
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                _health_ms(sock)
-                break
-            except Exception:  # noqa: BLE001 - still starting
-                assert agent.poll() is None and time.monotonic() < deadline
-                time.sleep(0.05)
+        _wait_until_serving(agent, sock)
         slow = socket.socket(socket.AF_UNIX)
         slow.connect(sock)
         slow.sendall(b"POST /v1/workloads HTTP/1.1\r\nContent-Length: 100\r\n\r\n{\"na")  # and then nothing
