@@ -151,6 +151,10 @@ def parse_reserved(value: Optional[str]):
 @click.option("--cgroup-base", default="tidal", show_default=True, help="Name of Tidal's cgroup tree.")
 @click.option("--cgroup-parent", default="/", show_default=True, type=click.Choice(["/", "self"]),
               help="Create the tree at each hierarchy's root, or under the agent's own cgroup (delegation).")
+@click.option("--dedicated-partition", default="root", show_default=True, type=click.Choice(["root", "isolated", "none"]),
+              help="cgroup v2: make each dedicated workload a cpuset partition (its cpus leave everyone else's "
+                   "load balancing; Linux >= 6.7), or plain cpusets (none). Falls back to plain cpusets where "
+                   "the kernel refuses; `tidal status` says which.")
 @click.option("--no-resize", is_flag=True, help="Keep the reclaim pool at its maximum instead of sizing it from usage.")
 @click.option("--revert", is_flag=True, help="On exit, put the kernel back as the agent found it.")
 @click.option("--push-command", default=None, metavar="JSON-ARGV",
@@ -189,18 +193,21 @@ def agent(root: str, socket_path: str, state_dir: str, reserved_cpus, period: fl
           socket_group, cgroup_base: str,
           cgroup_parent: str, no_resize: bool, revert: bool, push_command, push_url, eviction_grace: float,
           online_policy: str, hooks, guard_interval: float, no_confine_self: bool, record_cgroups: bool,
+          dedicated_partition: str,
           online_nic, offline_nic, offline_gateway, net_netns, no_ingress_shaping: bool, kube_node, kubeconfig,
           kubelet_cgroup_driver, log_level: str) -> None:
     """Run the node agent in the foreground (what `make run` and the systemd unit start)."""
     import logging
 
     from agent.daemon import Agent, AgentConfig
+    from agent.isolation.cgroups.desired import CgroupOptions
 
     logging.basicConfig(level=getattr(logging, log_level.upper()), format="tidal agent: %(levelname)s %(message)s")
     config = AgentConfig(root=root, socket_path=socket_path, state_dir=state_dir,
                          reserved_cpus=parse_reserved(reserved_cpus), period=period, tcp_port=tcp_port,
                          cgroup_base=cgroup_base, cgroup_parent=cgroup_parent, resize=not no_resize,
                          revert_on_exit=revert, record_cgroups=record_cgroups, confine_self=not no_confine_self,
+                         cgroup_options=CgroupOptions(dedicated_partition=dedicated_partition),
                          push_command=parse_argv("--push-command", push_command), push_url=push_url,
                          eviction_grace=eviction_grace, online_policy=online_policy, hooks=parse_hooks(hooks),
                          guard_interval=guard_interval, socket_group=group_id(socket_group),
@@ -381,6 +388,11 @@ def status(socket_path: str, as_json: bool) -> None:
     pools_ = data["pools"]
     click.echo(f"cgroup v{data['cgroup_version']}, tree {data['cgroup_base']}, {data['workloads']} workloads, "
                f"last reconcile {data['last_reconcile_ms']} ms, drift repairs {data['counters']['drift_repairs']}")
+    isolation = data.get("dedicated_isolation") or {}
+    if isolation:
+        click.echo(f"dedicated cores: {isolation['mode']}" + (f" ({isolation['why']})" if isolation.get("why") else ""))
+        for path, reason in sorted(isolation.get("refused", {}).items()):
+            click.echo(f"  {path}: plain cpuset, partition refused: {reason}")
     for name in ("reserved", "shared", "reclaimed", "dedicated"):
         click.echo(f"  {name:<10} {pools_[name] or '-'}")
     click.echo("")

@@ -196,6 +196,10 @@ class Agent:
         if self.driver is None:
             mounts = detect(HostFS(cfg.root))
             self.driver = KernelCgroups(mounts, HostFS(cfg.root), parent=cfg.cgroup_parent)
+            moved = self.driver.prepare(cfg.cgroup_base)  # checks first: one clear error, nothing made
+            if moved:
+                self.echo(f"tidal agent: cgroup v2 holds no processes where controllers are distributed: moved "
+                          f"{len(moved)} process(es) of {self.driver.bases['']} into {cfg.cgroup_base}/system")
         self._build_services()
         os.makedirs(cfg.state_dir, exist_ok=True)
         for warning in (self.harvest.start(), self.lending.load()):
@@ -337,6 +341,7 @@ class Agent:
                 sources[alloc.source] = sources.get(alloc.source, 0) + 1
             return {
                 "cgroup_version": self.driver.version, "cgroup_base": self.config.cgroup_base,
+                "dedicated_isolation": self.enforcement.dedicated_isolation(),
                 "pools": {k: format_cpulist(v) for k, v in pool.to_dict().items()},
                 "reclaim_cpus_target": self.state.reclaim_cpus, "reclaimed_capacity_millicpu": self.state.reclaim_millicpu,
                 "workloads": len(self.state.allocations), "workloads_by_source": sources,

@@ -74,3 +74,14 @@ def is_root() -> bool:
 
 
 privileged = pytest.mark.skipif(not is_root(), reason="needs root: writes real cgroups / network namespaces")
+
+
+def pytest_sessionstart(session):
+    """The cgroup v2 tier (``make test-cgroup2``) sets TIDAL_REQUIRE_CGROUP2: it must really run on v2."""
+    if os.environ.get("TIDAL_REQUIRE_CGROUP2"):
+        from agent.isolation.cgroups.detect import detect
+        from agent.topology import HostFS
+
+        mounts = detect(HostFS("/"))
+        if mounts.version != 2:
+            raise pytest.UsageError(f"TIDAL_REQUIRE_CGROUP2: this kernel offers cgroup v{mounts.version}")

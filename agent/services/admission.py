@@ -157,6 +157,8 @@ class Admission:
             "tier": alloc.tier.value if alloc.qos is QoS.RECLAIMED else None,
             "numa_binding": alloc.numa_binding, "numa_exclusive": alloc.numa_exclusive, "gpus": list(alloc.gpus),
             "cgroup": path, "cgroups": list(paths), "cgroup_dirs": driver.where(path) if path else {},
+            "partition": self.enforcement.reconciler.partition_of(path) if path and alloc.qos is QoS.DEDICATED
+            else None,
             "pids": sorted({pid for p in paths for pid in driver.procs(p)}),
             "usage_millicpu": self.harvest.usage.get(path) if path else None,
         }

@@ -16,7 +16,7 @@ from dataclasses import replace
 from typing import Callable, Dict, Optional, Tuple
 
 from agent.errors import StateError
-from agent.isolation.cgroups.desired import CgroupOptions, desired_tree, harvests
+from agent.isolation.cgroups.desired import CgroupOptions, desired_tree, harvests, partitions
 from agent.isolation.cgroups.driver import CgroupDriver
 from agent.isolation.cgroups.layout import workload_path
 from agent.isolation.cgroups.reconcile import Reconciler, ReconcileReport
@@ -50,6 +50,20 @@ class Enforcement:
     def harvest(self) -> bool:
         """Reclaimed work takes the shared pool's idle time (the kernel has cpu.idle, the option is on)."""
         return harvests(self.options, self.driver.features)
+
+    def dedicated_isolation(self) -> Dict[str, object]:
+        """How dedicated workloads' cpus are kept theirs: cpuset partitions, or plain cpusets and why."""
+        mode = partitions(self.options, self.driver.features)
+        refused = dict(self.reconciler.partition_refused)
+        if mode is not None:
+            return {"mode": f"partition ({mode})", "why": None, "refused": refused}
+        if self.options.dedicated_partition == "none":
+            why = "--dedicated-partition none"
+        elif self.driver.version == 1:
+            why = "cgroup v1 has no cpuset partitions"
+        else:
+            why = "this kernel has no cpuset.cpus.exclusive (partitions below Tidal's tree need Linux >= 6.7)"
+        return {"mode": "cpuset", "why": why, "refused": refused}
 
     def cgroups_of(self, alloc: Allocation) -> Tuple[str, ...]:
         """The cgroups a workload's processes live in: its placement, else its leaf in Tidal's tree."""
@@ -88,6 +102,11 @@ class Enforcement:
                 log.warning("repaired %s/%s: found %r, wrote %r", path, file, was, now)
             for path, file, error in report.failed:
                 log.error("cgroup write failed: %s", error)
+            for item in report.reenabled:
+                log.warning("controller taken away from %s: enabled again", item)
+            self.counters["controller_repairs"] = self.counters.get("controller_repairs", 0) + len(report.reenabled)
+            for path, reason in report.partitions_refused:
+                log.warning("%s: cpuset partition refused, a plain cpuset instead: %s", path, reason)
             for path, pid in report.rejoined:
                 log.warning("pid %d was in %s in some hierarchies only (a move cut short): moved in all", pid, path)
             self.counters["membership_repairs"] = self.counters.get("membership_repairs", 0) + len(report.rejoined)

@@ -38,6 +38,12 @@ def allowed(pid: int, field: str = "Cpus_allowed_list") -> set:
     raise AssertionError(f"no {field} for {pid}")
 
 
+def cpuset_dir(driver, path: str) -> str:
+    """The directory holding a cgroup's cpuset files: v1's cpuset hierarchy, v2's one tree."""
+    dirs = driver.where(path)
+    return dirs.get("cpuset") or dirs["unified"]
+
+
 def last_cpu(pid: int) -> int:
     with open(f"/proc/{pid}/stat") as handle:
         return int(handle.read().rsplit(")", 1)[1].split()[36])
@@ -149,14 +155,21 @@ def test_drift_made_by_someone_else_is_repaired(agent, procs):
     sleeper = procs()
     agent.attach("web", sleeper.pid)
     everything = ",".join(map(str, TOPO.online_cpus()))
+    base = agent.config.cgroup_base
+    drifted = 0
+    if agent.driver.version == 2 and agent.driver.features.get("partition"):
+        # a partition bounds its cpus by cpuset.cpus.exclusive: someone must undo the partition first
+        with open(os.path.join(cpuset_dir(agent.driver, f"{base}/dedicated/web"), "cpuset.cpus.partition"), "w") as f:
+            f.write("member")
+        drifted += 1
     for path in ("dedicated", "dedicated/web"):  # parent first, as v1 demands
-        directory = agent.driver.where(f"{agent.config.cgroup_base}/{path}")["cpuset"]
-        with open(os.path.join(directory, "cpuset.cpus"), "w") as handle:
+        with open(os.path.join(cpuset_dir(agent.driver, f"{base}/{path}"), "cpuset.cpus"), "w") as handle:
             handle.write(everything)
+        drifted += 1
     assert allowed(sleeper.pid) == set(TOPO.online_cpus())
     agent.tick()
     assert allowed(sleeper.pid) == set(agent.state.get("web").cpus)
-    assert agent.counters["drift_repairs"] == 2
+    assert agent.counters["drift_repairs"] == drifted
 
 
 def cgroup2_of(pid: int) -> str:
@@ -255,42 +268,62 @@ def test_revert_on_exit_leaves_no_trace(tmp_path, base):
 
 
 @privileged
-def test_a_release_after_the_process_left_the_cpuset_hierarchy_removes_every_twin(agent, base, procs):
-    """#17: the cgroup was removed in cpuset only (the cpu, cpuacct, memory and cgroup2 twins stayed, and
-    --revert reported failures) and the release answered 200."""
+def test_a_release_after_someone_else_moved_the_process_removes_every_trace(agent, base, procs):
+    """#17: a release after the workload's process was moved by someone else left cgroups behind and
+    answered 200. v1: moved out of the cpuset hierarchy only (the cpu, cpuacct, memory and cgroup2 twins
+    stayed). v2 has one hierarchy; there the process was moved into a cgroup the workload's own tooling
+    made below its leaf (a nested cgroup Tidal never made)."""
     driver = agent.driver
-    if driver.version != 1:
-        pytest.skip("v1 membership is per hierarchy; v2 has one")
     agent.admit({"name": "web", "qos": "shared_cores", "millicpu": 100})
     proc = procs()
     agent.attach("web", proc.pid)
     path = f"{base}/shared/web"
-    # someone moves the process out of the cpuset hierarchy only
-    with open(f"{driver.bases['cpuset']}/cgroup.procs", "w") as handle:
-        handle.write(str(proc.pid))
-    assert proc.pid not in driver.procs(path) and proc.pid in driver.procs_anywhere(path)
+    if driver.version == 1:
+        with open(f"{driver.bases['cpuset']}/cgroup.procs", "w") as handle:
+            handle.write(str(proc.pid))
+        assert proc.pid not in driver.procs(path) and proc.pid in driver.procs_anywhere(path)
+    else:
+        inner = os.path.join(cpuset_dir(driver, path), "inner")
+        os.mkdir(inner)
+        with open(os.path.join(inner, "cgroup.procs"), "w") as handle:
+            handle.write(str(proc.pid))
+        assert proc.pid not in driver.procs(path) and driver.children(path) == ["inner"]
     agent.release("web")
     assert not any(os.path.isdir(d) for d in driver.where(path).values())
     assert all(not os.path.isdir(driver._dir(c, path)) for c in driver._distinct)  # the cgroup2 mirror too
     assert proc.poll() is None  # moved out, not killed
+    assert cgroup2_of(proc.pid) != "/" + path
 
 
 @privileged
-def test_a_move_cut_short_between_hierarchies_is_made_whole(agent, base, procs):
-    """#17: a SIGKILL mid-attach left a process in the workload's cpuset but not its cpu cgroup."""
+def test_a_cgroup_left_half_made_is_made_whole(agent, base, procs):
+    """v1 (#17): a SIGKILL mid-attach left a process in the workload's cpuset but not its cpu cgroup;
+    the next verify pass moves it in every hierarchy. v2: membership is one write, but a cgroup is only
+    whole with its controllers: ``-cpuset`` in the parent's subtree_control takes the workload's cpuset
+    files away (its processes run anywhere); the next verify pass enables it again and rewrites them."""
     driver = agent.driver
-    if driver.version != 1:
-        pytest.skip("v1 membership is per hierarchy; v2 has one")
     agent.admit({"name": "batch", "qos": "reclaimed_cores", "millicpu": 100})
     path = f"{base}/reclaimed/low/batch"
     proc = procs()
-    with open(f"{driver._dir('cpuset', path)}/cgroup.procs", "w") as handle:  # the first hierarchy of a move only
-        handle.write(str(proc.pid))
-    assert proc.pid not in [int(p) for p in open(f"{driver._dir('cpu', path)}/cgroup.procs").read().split()]
-    report = agent.reconcile(verify=True)
-    assert (path, proc.pid) in report.rejoined
-    for controller in driver._distinct:
-        assert proc.pid in [int(p) for p in open(f"{driver._dir(controller, path)}/cgroup.procs").read().split()]
+    if driver.version == 1:
+        with open(f"{driver._dir('cpuset', path)}/cgroup.procs", "w") as handle:  # the first hierarchy only
+            handle.write(str(proc.pid))
+        assert proc.pid not in [int(p) for p in open(f"{driver._dir('cpu', path)}/cgroup.procs").read().split()]
+        report = agent.reconcile(verify=True)
+        assert (path, proc.pid) in report.rejoined
+        for controller in driver._distinct:
+            assert proc.pid in [int(p) for p in open(f"{driver._dir(controller, path)}/cgroup.procs").read().split()]
+    else:
+        agent.attach("batch", proc.pid)
+        want = allowed(proc.pid)
+        parent = os.path.dirname(cpuset_dir(driver, path))
+        with open(os.path.join(parent, "cgroup.subtree_control"), "w") as handle:
+            handle.write("-cpuset")
+        assert not os.path.exists(os.path.join(cpuset_dir(driver, path), "cpuset.cpus"))
+        report = agent.reconcile(verify=True)
+        assert f"{parent}:cpuset" in report.reenabled and report.ok, report.failed
+        assert open(os.path.join(cpuset_dir(driver, path), "cpuset.cpus")).read().strip()
+        assert allowed(proc.pid) == want
 
 
 @privileged

@@ -38,7 +38,7 @@ from agent.topology.parse import format_cpulist
 
 from agent.isolation.cgroups.layout import TIERS, workload_path
 
-__all__ = ["CgroupOptions", "CgroupSpec", "desired_tree", "reclaimed_cpus", "SHARES_PER_CPU"]
+__all__ = ["CgroupOptions", "CgroupSpec", "desired_tree", "partitions", "reclaimed_cpus", "SHARES_PER_CPU"]
 
 CPU_PERIOD_US = 100_000
 MIN_QUOTA_US = 1_000  # the kernel's minimum cfs quota: 1% of a cpu per period
@@ -52,6 +52,27 @@ class CgroupOptions:
     reclaimed_cap_millicpu: Optional[int] = None  # None: the reclaimed cpus' count
     reclaimed_memory_max: Optional[int] = None
     reclaimed_memory_high: Optional[int] = None
+    dedicated_partition: str = "root"  # "root", "isolated" or "none" (plain cpusets); see partitions()
+
+
+PARTITION_MODES = ("root", "isolated", "none")
+
+
+def partitions(options: CgroupOptions, features: Mapping[str, bool]) -> Optional[str]:
+    """The cpuset partition type dedicated workloads get, or ``None`` for plain cpusets.
+
+    A partition takes its cpus out of the scheduler domain of everyone else (no load balancing of other
+    tasks onto them, no migrations of theirs away), which a plain cpuset does not: other cgroups merely
+    do not list those cpus. Tidal's dedicated leaves are several levels below the root cgroup, so this
+    needs a *remote* partition: ``cpuset.cpus.exclusive`` set along the path (Linux >= 6.7; the kernel
+    then offers that file, which is what ``features["partition"]`` says). ``root``: load balancing
+    within the workload's own cpus; ``isolated``: none at all (for workloads that pin their threads).
+    """
+    if options.dedicated_partition not in PARTITION_MODES:
+        raise ValueError(f"dedicated partition {options.dedicated_partition!r}: one of {', '.join(PARTITION_MODES)}")
+    if options.dedicated_partition == "none" or not features.get("partition"):
+        return None
+    return options.dedicated_partition
 
 
 @dataclass(frozen=True)
@@ -97,10 +118,13 @@ def desired_tree(topo: Topology, state: State, pools: Pools, options: CgroupOpti
         if options.reclaimed_memory_high is not None:
             reclaimed_parent["memory_high"] = options.reclaimed_memory_high
 
+    partition = partitions(options, features)
+    # a remote partition's cpus are exclusive all the way down from Tidal's top cgroup
+    exclusive: Dict[str, object] = {"cpus_exclusive": dedicated} if partition else {}
     specs = [
-        CgroupSpec(base, {"cpus": online, "mems": mems_all}),
+        CgroupSpec(base, {"cpus": online, "mems": mems_all, **exclusive}),
         CgroupSpec(f"{base}/system", {"cpus": system, "mems": mems_all}),
-        CgroupSpec(f"{base}/dedicated", {"cpus": dedicated, "mems": mems_all}),
+        CgroupSpec(f"{base}/dedicated", {"cpus": dedicated, "mems": mems_all, **exclusive}),
         CgroupSpec(f"{base}/shared", {"cpus": shared, "mems": mems_all}),
         CgroupSpec(f"{base}/reclaimed", reclaimed_parent),
     ]
@@ -121,5 +145,8 @@ def desired_tree(topo: Topology, state: State, pools: Pools, options: CgroupOpti
             continue
         if given.cpu_shares is not None:
             knobs["cpu_shares"] = given.cpu_shares
+        if partition and alloc.qos is QoS.DEDICATED and given.cpus:
+            knobs["cpus_exclusive"] = knobs["cpus"]
+            knobs["partition"] = partition
         specs.append(CgroupSpec(workload_path(base, alloc), knobs, alloc.name))
     return specs + external

@@ -39,6 +39,8 @@ class CgroupDriver(Protocol):
     def percpu_reader(self, path: str): ...
     def kill(self, path: str, sig: int) -> List[int]: ...
     def where(self, path: str) -> Dict[str, str]: ...
+    def prepare(self, base: str) -> List[int]: ...
+    def pressure(self, path: str, resource: str) -> Optional[Dict[str, Dict[str, float]]]: ...
 
 
 def own_cgroups(fs: HostFS, pid: str = "self") -> Dict[str, str]:
@@ -94,6 +96,131 @@ class KernelCgroups:
     def where(self, path: str) -> Dict[str, str]:
         return {c or "unified": self._dir(c, path) for c in self.controllers}
 
+    def prepare(self, base: str) -> List[int]:
+        """Check, before anything is made, that Tidal's tree can live under its parent, and on v2 keep
+        the "no internal processes" rule: a non-root cgroup that enables controllers for its children
+        holds no processes. When the parent is such a cgroup with processes of its own (the agent's,
+        under systemd with ``Delegate=yes`` and ``--cgroup-parent self``), they move into the leaf
+        ``<base>/system`` first, as systemd's ``DelegateSubgroup=`` would. Returns the pids moved.
+        Raises ``CgroupError`` with one line saying what is missing and what to do; nothing is made then."""
+        if self.version != 2:
+            return []
+        parent = self.bases[""]
+        root = self.fs.path(self.mounts.mounts[""]).rstrip("/")
+        try:
+            with open(os.path.join(parent, "cgroup.controllers")) as handle:
+                controllers = set(handle.read().split())
+        except OSError as exc:
+            raise CgroupError(f"{parent}: not a cgroup Tidal can use ({exc.strerror})") from None
+        missing = [c for c in ("cpuset", "cpu") if c not in controllers]
+        if missing:
+            raise CgroupError(f"{parent}: the {' and '.join(missing)} controller{'s are' if len(missing) > 1 else ' is'} "
+                              f"not available (its parent does not enable {'them' if len(missing) > 1 else 'it'} in "
+                              f"cgroup.subtree_control); delegate {'them' if len(missing) > 1 else 'it'} to this "
+                              f"cgroup or use --cgroup-parent /")
+        moved = self._settle(base) if self.holds_no_processes() else []
+        if self.fs.is_live:
+            self._probe_features(base)
+        return moved
+
+    def _probe_features(self, base: str) -> None:
+        """What this kernel offers, read in Tidal's own top cgroup with the controllers enabled (the root
+        cgroup has no cpu.idle, cpuset.cpus.exclusive or memory.max of its own, and a fresh hierarchy may
+        have no other cgroup to look at)."""
+        self.create(base)
+        directory = self._dir("", base)
+        for feature, file in (("cpu.idle", "cpu.idle"), ("memory", "memory.max"), ("psi", "cpu.pressure"),
+                              ("partition", "cpuset.cpus.exclusive")):
+            self.features[feature] = os.path.exists(os.path.join(directory, file))
+
+    def _settle(self, base: str) -> List[int]:
+        parent = self.bases[""]
+        unit = os.path.basename(parent)
+        if unit.endswith((".service", ".scope")) and not _delegated(parent):
+            raise CgroupError(f"{parent}: a systemd unit's cgroup that is not delegated (systemd would take back "
+                              f"the controllers Tidal enables there): set Delegate=yes in the unit, or use "
+                              f"--cgroup-parent /")
+        try:
+            with open(os.path.join(parent, "cgroup.procs")) as handle:
+                pids = [int(p) for p in handle.read().split()]
+        except OSError as exc:
+            raise CgroupError(f"{parent}/cgroup.procs: unreadable: {exc.strerror}") from None
+        if not pids:
+            return []
+        leaf = f"{base}/system"
+        for path in (base, leaf):
+            try:
+                os.mkdir(self._dir("", path))
+            except FileExistsError:
+                pass
+            except OSError as exc:
+                raise CgroupError(f"{self._dir('', path)}: cannot create cgroup: {exc.strerror}") from None
+        moved = []
+        for pid in pids:
+            try:
+                self._write_procs(self._dir("", leaf), pid)
+                moved.append(pid)
+            except ProcessLookupError:
+                pass  # exited meanwhile
+        return moved
+
+    def holds_no_processes(self) -> bool:
+        """v2 with a parent that is not the root cgroup: the parent may not hold processes once it enables
+        controllers, so a process leaving a workload goes to ``<base>/system``, not to the parent."""
+        if self.version != 2 or not self.fs.is_live:
+            return False
+        return self.bases[""] != self.fs.path(self.mounts.mounts[""]).rstrip("/")
+
+    def evacuation(self, base: str) -> str:
+        """Where the leftover processes of a removed cgroup go: the parent Tidal was given, or on v2 under a
+        non-root parent (which may not hold processes) the agent's own leaf ``<base>/system``."""
+        return f"{base}/system" if self.holds_no_processes() else ""
+
+    def unprepare(self, base: str) -> bool:
+        """Undo ``prepare`` on revert: with every other cgroup of the tree gone, stop distributing
+        controllers from ``<base>`` and the parent (v2 allows processes in a cgroup only then), move
+        ``<base>/system``'s processes back to the parent and remove both. False when there is nothing
+        of the kind to do (v1, the root cgroup as parent): the caller removes the tree as usual."""
+        if not self.holds_no_processes() or not os.path.isdir(self._dir("", base)):
+            return False
+        others = [c for c in self.children(base) if c != "system"]
+        siblings = [c for c in self.children("") if c != base.split("/")[0]]
+        if others or siblings:
+            return False  # the parent still distributes to cgroups that are not Tidal's: leave it as it is
+        for path in (base, ""):
+            control = os.path.join(self._dir("", path), "cgroup.subtree_control")
+            try:
+                with open(control) as handle:
+                    enabled = handle.read().split()
+                for controller in reversed(enabled):
+                    with open(control, "w") as handle:
+                        handle.write(f"-{controller}")
+            except OSError as exc:
+                raise CgroupError(f"{control}: cannot stop distributing controllers: {exc.strerror}") from None
+        for pid in self.procs(f"{base}/system"):
+            try:
+                self._write_procs(self.bases[""], pid)
+            except ProcessLookupError:
+                pass
+        for path in (f"{base}/system", base):
+            try:
+                os.rmdir(self._dir("", path))
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                raise CgroupError(f"{self._dir('', path)}: cannot remove cgroup: {exc.strerror}") from None
+        return True
+
+    @staticmethod
+    def _write_procs(directory: str, pid: int) -> None:
+        try:
+            with open(os.path.join(directory, "cgroup.procs"), "w") as handle:
+                handle.write(str(pid))
+        except OSError as exc:
+            if exc.errno == errno.ESRCH:
+                raise ProcessLookupError(pid) from None
+            raise CgroupError(f"{directory}/cgroup.procs: cannot move pid {pid}: {exc.strerror}") from None
+
     def membership_dir(self, path: str) -> Optional[str]:
         """The cgroup2 directory whose members are the workload's tasks (v2: the cgroup
         itself; hybrid v1: its mirror), or ``None`` when the host has no cgroup2 tree."""
@@ -122,8 +249,31 @@ class KernelCgroups:
             except OSError as exc:
                 raise CgroupError(f"{directory}: cannot create cgroup: {exc.strerror}") from None
 
-    def _enable_controllers(self, path: str) -> None:
+    def repair_controllers(self, path: str) -> List[str]:
+        """v2: controllers someone took away from a cgroup of Tidal's (``-cpuset`` in its parent's
+        ``cgroup.subtree_control`` removes its cpuset files, and with them its confinement) are given back;
+        the ``parent:controller`` pairs re-enabled. v1 has nothing of the kind."""
+        if self.version != 2 or not os.path.isdir(self._dir("", path)):
+            return []
+        return self._enable_controllers(path)
+
+    def pressure(self, path: str, resource: str) -> Optional[Dict[str, Dict[str, float]]]:
+        """PSI of a cgroup (``cpu``, ``memory``, ``io``): ``{"some": {"avg10": .., "avg60": .., "avg300": ..,
+        "total": ..}, "full": {...}}``, or ``None`` where the kernel keeps none. On a hybrid v1 host the
+        figures come from the cgroup2 mirror, whose members are the same tasks."""
+        directory = self.membership_dir(path)
+        if directory is None:
+            return None
+        try:
+            with open(os.path.join(directory, f"{resource}.pressure")) as handle:
+                text = handle.read()
+        except OSError:
+            return None
+        return parse_pressure(text)
+
+    def _enable_controllers(self, path: str) -> List[str]:
         """v2: a child gets cpu/cpuset/memory files only if its parent delegates them."""
+        enabled_now = []
         parts = [p for p in path.split("/") if p]
         for depth in range(len(parts)):
             parent = self._dir("", "/".join(parts[:depth]))
@@ -143,8 +293,10 @@ class KernelCgroups:
                     try:
                         with open(control, "w") as handle:
                             handle.write(f"+{controller}")
+                        enabled_now.append(f"{parent}:{controller}")
                     except OSError as exc:
                         raise CgroupError(f"{control}: cannot enable {controller}: {exc.strerror}") from None
+        return enabled_now
 
     def remove(self, path: str) -> None:
         """Remove the cgroup in every hierarchy (and the cgroup2 mirror): each is tried, and any
@@ -335,6 +487,29 @@ class KernelCgroups:
         return None
 
 
+def parse_pressure(text: str) -> Optional[Dict[str, Dict[str, float]]]:
+    """A PSI file (``some avg10=0.00 avg60=0.00 avg300=0.00 total=0`` and a ``full`` line)."""
+    result: Dict[str, Dict[str, float]] = {}
+    for line in text.splitlines():
+        kind, _, rest = line.partition(" ")
+        try:
+            result[kind] = {k: float(v) for k, v in (field.split("=", 1) for field in rest.split())}
+        except ValueError:
+            return None
+    return result or None
+
+
+def _delegated(directory: str) -> bool:
+    """systemd marks a cgroup it delegated with the ``trusted.delegate`` xattr (``user.delegate`` in a user manager)."""
+    for name in ("trusted.delegate", "user.delegate"):
+        try:
+            if os.getxattr(directory, name).strip(b"\0") in (b"1", b"yes", b"true"):
+                return True
+        except OSError:
+            pass
+    return False
+
+
 def _int_or_none(text: Optional[str]) -> Optional[int]:
     return int(text) if text and text.strip().isdigit() else None
 
@@ -363,6 +538,12 @@ class RecordingCgroups:
         return {"recorded": path}
 
     def membership_dir(self, path: str) -> Optional[str]:
+        return None
+
+    def prepare(self, base: str) -> List[int]:
+        return []
+
+    def pressure(self, path: str, resource: str) -> Optional[Dict[str, Dict[str, float]]]:
         return None
 
     def exists(self, path: str) -> bool:

@@ -4,6 +4,7 @@
 |-------------|------------------------------------------------|-------------------------|
 | cpus        | cpuset: cpuset.cpus                            | cpuset.cpus             |
 | mems        | cpuset: cpuset.mems                            | cpuset.mems             |
+| cpus_exclusive | (none)                                      | cpuset.cpus.exclusive   |
 | partition   | (none)                                         | cpuset.cpus.partition   |
 | cpu_shares  | cpu: cpu.shares                                | cpu.weight (converted)  |
 | cpu_max     | cpu: cpu.cfs_period_us, then cpu.cfs_quota_us  | cpu.max "quota period"  |
@@ -60,6 +61,8 @@ def files_for(version: int, knob: str, value: Any) -> List[FileWrite]:
         return [("cpuset", "cpuset.cpus", _cpulist(value))] if version == 1 else [("", "cpuset.cpus", _cpulist(value))]
     if knob == "mems":
         return [("cpuset", "cpuset.mems", _cpulist(value))] if version == 1 else [("", "cpuset.mems", _cpulist(value))]
+    if knob == "cpus_exclusive":
+        return [] if version == 1 else [("", "cpuset.cpus.exclusive", _cpulist(value))]
     if knob == "partition":
         return [] if version == 1 else [("", "cpuset.cpus.partition", str(value))]
     if knob == "cpu_shares":
@@ -92,7 +95,7 @@ def normalize(file: str, text: Optional[str]) -> Optional[str]:
     if text is None:
         return None
     text = text.strip()
-    if file in ("cpuset.cpus", "cpuset.mems"):
+    if file in ("cpuset.cpus", "cpuset.mems", "cpuset.cpus.exclusive"):
         try:
             return format_cpulist(parse_cpulist(text))
         except ValueError:

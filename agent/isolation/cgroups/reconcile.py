@@ -37,7 +37,8 @@ from agent.isolation.cgroups.knobs import files_for, normalize
 from agent.topology.parse import format_cpulist, parse_cpulist
 
 Key = Tuple[str, str, str]  # (path, controller, file)
-CPUSET_KNOBS = ("cpus", "mems")
+CPUSET_KNOBS = ("cpus", "mems", "cpus_exclusive")
+PARTITION_FILES = ("cpuset.cpus.exclusive", "cpuset.cpus.partition")
 
 
 @dataclass
@@ -48,6 +49,8 @@ class ReconcileReport:
     repaired: List[Tuple[str, str, Optional[str], str]] = field(default_factory=list)
     failed: List[Tuple[str, str, str]] = field(default_factory=list)
     rejoined: List[Tuple[str, int]] = field(default_factory=list)  # (path, pid) made whole across hierarchies
+    partitions_refused: List[Tuple[str, str]] = field(default_factory=list)  # (path, the kernel's reason)
+    reenabled: List[str] = field(default_factory=list)  # v2 "parent:controller" someone had taken away
 
     @property
     def ok(self) -> bool:
@@ -72,6 +75,8 @@ class Reconciler:
         self._drifted: Dict[Key, Optional[str]] = {}
         self._applied: Optional[tuple] = None
         self._cache: Dict[Key, Optional[str]] = {}
+        # dedicated leaves whose cpuset partition the kernel refused: plain cpusets there, with the reason
+        self.partition_refused: Dict[str, str] = {}
         self.managed_roots = tuple(managed_roots) or (f"{base}/dedicated", f"{base}/shared",
                                                       *[f"{base}/reclaimed/{t}" for t in ("high", "min", "low")])
 
@@ -101,8 +106,11 @@ class Reconciler:
         try:
             self.driver.write(controller, path, file, text)
         except CgroupError as exc:
-            report.failed.append((path, file, str(exc)))
             self._cache.pop(key, None)
+            if file in PARTITION_FILES:
+                self._refuse(report, path, str(exc))
+            else:
+                report.failed.append((path, file, str(exc)))
             return
         self._cache[key] = text
         report.written.append((path, file, text))
@@ -110,6 +118,55 @@ class Reconciler:
             if key in self._drifted:
                 report.repaired.append((path, file, self._drifted[key], text))
             self.last[key] = text
+
+    def _refuse(self, report: ReconcileReport, path: str, reason: str) -> None:
+        """A cpuset partition the kernel refused: recorded once, and the cgroup stays a plain cpuset."""
+        if path not in self.partition_refused:
+            self.partition_refused[path] = reason
+            report.partitions_refused.append((path, reason))
+
+    def _without_refused(self, specs: List[CgroupSpec]) -> List[CgroupSpec]:
+        """Specs with plain cpusets where a partition was refused (a leaf, or every leaf when an
+        exclusive set on a parent was refused)."""
+        if not self.partition_refused:
+            return specs
+        out = []
+        for spec in specs:
+            if "partition" in spec.knobs and (spec.path in self.partition_refused or any(
+                    spec.path.startswith(p + "/") for p in self.partition_refused)):
+                knobs = {k: v for k, v in spec.knobs.items() if k not in ("cpus_exclusive", "partition")}
+                knobs["partition"] = "member"
+                spec = CgroupSpec(spec.path, knobs, spec.workload, spec.external)
+            elif "cpus_exclusive" in spec.knobs and spec.path in self.partition_refused:
+                spec = CgroupSpec(spec.path, {k: v for k, v in spec.knobs.items() if k != "cpus_exclusive"},
+                                  spec.workload, spec.external)
+            out.append(spec)
+        return out
+
+    def _check_partitions(self, report: ReconcileReport, specs: List[CgroupSpec]) -> None:
+        """Read back each partition Tidal asked for: the kernel accepts the write and then may say
+        ``root invalid (<reason>)``. Such a leaf goes back to ``member`` (a plain cpuset) and is reported."""
+        for spec in specs:
+            want = spec.knobs.get("partition")
+            if want in (None, "member"):
+                continue
+            actual = (self.driver.read("", spec.path, "cpuset.cpus.partition") or "").strip()
+            if actual.split(" ")[0] == want and "invalid" not in actual:
+                continue
+            reason = actual[actual.find("(") + 1:actual.rfind(")")] if "(" in actual else (actual or "unreadable")
+            self._refuse(report, spec.path, f"the kernel made it {actual!r}: {reason}")
+            try:
+                self.driver.write("", spec.path, "cpuset.cpus.partition", "member")
+                self.last[(spec.path, "", "cpuset.cpus.partition")] = "member"
+            except CgroupError as exc:
+                report.failed.append((spec.path, "cpuset.cpus.partition", str(exc)))
+
+    def partition_of(self, path: str) -> Optional[str]:
+        """What a dedicated leaf holds: the partition type, or why it is a plain cpuset."""
+        if path in self.partition_refused:
+            return f"member ({self.partition_refused[path]})"
+        value = self.last.get((path, "", "cpuset.cpus.partition"))
+        return value
 
     def _find_drift(self, specs: List[CgroupSpec]) -> None:
         """Files that no longer hold what Tidal last wrote there: someone else changed them."""
@@ -134,7 +191,7 @@ class Reconciler:
         fingerprint = tuple((spec.path, tuple(sorted((k, repr(v)) for k, v in spec.knobs.items()))) for spec in specs)
         if not verify and fingerprint == self._applied:
             return ReconcileReport()
-        report = self._apply(specs)
+        report = self._apply(self._without_refused(specs))
         self._forget_external({spec.path for spec in specs if spec.external})
         self._applied = fingerprint if report.ok else None
         return report
@@ -174,6 +231,15 @@ class Reconciler:
             for spec in specs:
                 if spec.workload is not None and not spec.external:
                     report.rejoined += [(spec.path, pid) for pid in repair(spec.path)]
+        # v2: a controller taken away from one of Tidal's cgroups (its files vanish with it) is given back
+        controllers = getattr(self.driver, "repair_controllers", None)
+        if controllers is not None:
+            for spec in specs:
+                if not spec.external and spec.path != self.base:
+                    try:
+                        report.reenabled += controllers(spec.path)
+                    except CgroupError as exc:
+                        report.failed.append((spec.path, "cgroup.subtree_control", str(exc)))
         # 3. widen cpusets top-down, 4. narrow bottom-up
         for spec in specs:
             for knob in CPUSET_KNOBS:
@@ -210,6 +276,7 @@ class Reconciler:
                     continue
                 for controller, file, text in files_for(version, knob, value):
                     self._write(report, spec.path, controller, file, text)
+        self._check_partitions(report, specs)
         return report
 
     def _quota(self, path: str) -> Optional[int]:
@@ -229,15 +296,21 @@ class Reconciler:
         for child in self.driver.children(path):
             self._remove(report, f"{path}/{child}")
         anywhere = getattr(self.driver, "procs_anywhere", self.driver.procs)
+        # back where they would be without Tidal: the parent it was given, or (v2, a non-root parent,
+        # which may hold no processes once it distributes controllers) the agent's own leaf
+        target = getattr(self.driver, "evacuation", lambda base: "")(self.base)
+        if target and (path == target or target.startswith(path + "/")):
+            target = ""
         for pid in anywhere(path):  # in any hierarchy: one left in cpu or memory keeps that twin alive
             try:
-                self.driver.move("", pid)
+                self.driver.move(target, pid)
             except CgroupError:
                 pass  # the process exited meanwhile
         try:
             self.driver.remove(path)
             report.removed.append(path)
             self.created.discard(path)
+            self.partition_refused.pop(path, None)
             for key in [k for k in self.last if k[0] == path]:
                 del self.last[key]
         except CgroupError as exc:
@@ -255,7 +328,22 @@ class Reconciler:
             except CgroupError as exc:
                 report.failed.append((path, file, str(exc)))
         # not only if it exists everywhere: a tree half made or half removed is removed too
-        self._remove(report, self.base)
+        unprepare = getattr(self.driver, "unprepare", None)
+        gone = False
+        if unprepare is not None and self.driver.exists(self.base):
+            # v2 under a non-root parent: the agent's leaf goes last, with the parent's controllers
+            for child in self.driver.children(self.base):
+                if child != "system":
+                    self._remove(report, f"{self.base}/{child}")
+            try:
+                if unprepare(self.base):
+                    gone = True
+                    report.removed.append(self.base)
+                    self.created.discard(self.base)
+            except CgroupError as exc:
+                report.failed.append((self.base, "", str(exc)))
+        if not gone:
+            self._remove(report, self.base)
         self.last.clear()
         self._applied = None
         return report

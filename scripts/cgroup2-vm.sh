@@ -1,0 +1,127 @@
+#!/bin/sh
+# make test-cgroup2: the privileged tier on a pure cgroup v2 kernel, in a VM.
+#
+# virtme-ng (PyPI) boots a Debian kernel in qemu with this machine's root
+# filesystem shared read-only (9p), so the checkout, its .venv and Python are
+# the same inside; the kernel mounts only cgroup2 (no v1 hierarchy), with every
+# controller. The tier's output comes back through one writable directory.
+#
+# Everything comes from the project's own lists: Debian packages
+# (scripts/vm-debian-packages.txt), virtme-ng pinned below (its own venv in the
+# cache), and the kernel: Debian's linux-image-amd64 from bookworm-backports
+# (6.12: cpuset partitions under a non-partition parent need Linux >= 6.7),
+# fetched with apt (signatures checked by apt) into a private apt state, unpacked
+# with dpkg -x and cached outside the repository; its modules go to
+# /lib/modules/<version>, where virtme-ng looks for them.
+#
+#   TIDAL_VM_SUITE=bookworm          Debian's 6.1 instead (no remote partitions: Tidal falls back)
+#   TIDAL_VM_ACCEL=tcg|kvm|auto      auto (default) tries KVM once, remembers whether it booted
+#   TIDAL_VM_TESTS="tests/..."       what to run (default: every privileged test)
+#   PYTEST_ARGS="-k ..."             passed to pytest inside the VM
+set -eu
+cd "$(dirname "$0")/.."
+REPO="$(pwd)"
+CACHE="${XDG_CACHE_HOME:-$HOME/.cache}/tidal"
+SUITE="${TIDAL_VM_SUITE:-bookworm-backports}"
+VNG_VERSION=1.42
+TESTS="${TIDAL_VM_TESTS:-tests/privileged}"
+say() { echo "test-cgroup2: $*" >&2; }
+
+[ "$(id -u)" = 0 ] || { say "needs root (modules under /lib/modules, real cgroups inside the VM)"; exit 2; }
+[ -x .venv/bin/python ] || { say "no .venv: run 'make test' or 'make deps .venv/.installed' first"; exit 2; }
+sh scripts/install-debian-packages.sh scripts/vm-debian-packages.txt
+
+# virtme-ng, in its own venv (it is a tool for the host, not a dependency of Tidal)
+VNG="$CACHE/vng-venv/bin/vng"
+PATH="$CACHE/vng-venv/bin:$PATH"  # vng runs virtme-run from its own venv
+if ! [ -x "$VNG" ] || ! "$CACHE/vng-venv/bin/pip" show virtme-ng 2>/dev/null | grep -q "^Version: $VNG_VERSION$"; then
+    say "installing virtme-ng $VNG_VERSION into $CACHE/vng-venv"
+    python3 -m venv "$CACHE/vng-venv"
+    "$CACHE/vng-venv/bin/pip" install --quiet --disable-pip-version-check "virtme-ng==$VNG_VERSION"
+fi
+
+# the kernel: the newest linux-image-amd64 of $SUITE, once
+APT="$CACHE/vm-apt/$SUITE"
+KERNELS="$CACHE/kernel"
+mkdir -p "$APT/lists/partial" "$APT/cache/archives/partial" "$KERNELS"
+echo "deb http://deb.debian.org/debian $SUITE main" > "$APT/sources.list"
+apt_opts="-o Dir::Etc::SourceList=$APT/sources.list -o Dir::Etc::SourceParts=/dev/null -o Dir::State::Lists=$APT/lists
+ -o Dir::Cache=$APT/cache -o Debug::NoLocking=1 -o APT::Sandbox::User=root"
+if [ -s "$APT/kernel" ] && [ -f "$KERNELS/$(cat "$APT/kernel")/done" ]; then
+    version="$(cat "$APT/kernel")"
+else
+    say "resolving linux-image-amd64 in $SUITE"
+    # shellcheck disable=SC2086
+    apt-get $apt_opts update -qq
+    # shellcheck disable=SC2086
+    package="$(apt-cache $apt_opts depends linux-image-amd64 | sed -n 's/^ *Depends: \(linux-image-[0-9].*-amd64\)$/\1/p' | head -1)"
+    [ -n "$package" ] || { say "no linux-image-amd64 in $SUITE"; exit 1; }
+    version="${package#linux-image-}"
+    if ! [ -f "$KERNELS/$version/done" ]; then
+        say "downloading $package"
+        work="$(mktemp -d)"
+        # shellcheck disable=SC2086
+        (cd "$work" && apt-get $apt_opts download "$package" >/dev/null)
+        rm -rf "$KERNELS/$version"
+        dpkg -x "$work"/*.deb "$KERNELS/$version"
+        rm -rf "$work"
+        touch "$KERNELS/$version/done"
+    fi
+    echo "$version" > "$APT/kernel"
+fi
+KERNEL="$KERNELS/$version/boot/vmlinuz-$version"
+if ! [ -d "/lib/modules/$version/kernel" ]; then
+    say "installing the modules of $version under /lib/modules (virtme-ng loads 9p and virtio from there)"
+    mkdir -p /lib/modules
+    cp -a "$KERNELS/$version/lib/modules/$version" /lib/modules/
+    depmod "$version"
+fi
+
+OUT="$(mktemp -d /tmp/tidal-cgroup2-vm.XXXXXX)"
+trap 'rm -rf "$OUT"' EXIT
+boot() {  # boot <accel flag> <timeout s> <script>: run a script in the VM; its own exit code in $OUT/rc
+    rm -f "$OUT/rc"
+    timeout "$2" "$VNG" --run "$KERNEL" $1 --cpus 2 --memory 1G --rwdir "$OUT" \
+        --exec "sh $OUT/$3 > $OUT/log 2>&1; echo \$? > $OUT/rc" > "$OUT/console" 2>&1 || true
+    [ -s "$OUT/rc" ]
+}
+
+# KVM when it works (nested KVM may not boot at all), software emulation otherwise
+ACCEL="${TIDAL_VM_ACCEL:-auto}"
+if [ "$ACCEL" = auto ]; then
+    if [ -s "$CACHE/vm-accel" ]; then
+        ACCEL="$(cat "$CACHE/vm-accel")"
+    elif [ -w /dev/kvm ]; then
+        echo 'true' > "$OUT/probe.sh"
+        if boot "" 60 probe.sh; then ACCEL=kvm; else ACCEL=tcg; fi
+        echo "$ACCEL" > "$CACHE/vm-accel"
+        say "KVM probe: $ACCEL (remembered in $CACHE/vm-accel)"
+    else
+        ACCEL=tcg
+    fi
+fi
+case "$ACCEL" in kvm) accel_flag="";; tcg) accel_flag="--disable-kvm";; *) say "TIDAL_VM_ACCEL: tcg, kvm or auto"; exit 2;; esac
+
+cat > "$OUT/tier.sh" <<EOF
+set -u
+cd "$REPO"
+echo "kernel: \$(uname -r); /sys/fs/cgroup: \$(stat -f -c %T /sys/fs/cgroup); controllers: \$(cat /sys/fs/cgroup/cgroup.controllers); cpus: \$(nproc)"
+if awk '\$3 == "cgroup" { found = 1 } END { exit !found }' /proc/self/mounts; then echo "a cgroup v1 hierarchy is mounted: not a pure v2 host"; exit 3; fi
+export TIDAL_REQUIRE_CGROUP2=1
+.venv/bin/python -m pytest -p no:cacheprovider -m privileged -rs $TESTS ${PYTEST_ARGS:-}
+EOF
+say "booting $version ($ACCEL) with 2 vCPUs and 1 GiB; running $TESTS"
+start=$(date +%s)
+if ! boot "$accel_flag" 3000 tier.sh; then
+    say "the VM did not finish; its console:"
+    tail -40 "$OUT/console" >&2
+    exit 1
+fi
+cat "$OUT/log"
+rc="$(cat "$OUT/rc")"
+say "exit $rc after $(( $(date +%s) - start )) s"
+if [ "$rc" = 0 ] && grep -q "^SKIPPED" "$OUT/log"; then
+    say "tests were skipped on cgroup v2: every privileged test must run here"
+    exit 1
+fi
+exit "$rc"
