@@ -107,6 +107,9 @@ set -u
 cd "$REPO"
 echo "kernel: \$(uname -r); /sys/fs/cgroup: \$(stat -f -c %T /sys/fs/cgroup); controllers: \$(cat /sys/fs/cgroup/cgroup.controllers); cpus: \$(nproc)"
 if awk '\$3 == "cgroup" { found = 1 } END { exit !found }' /proc/self/mounts; then echo "a cgroup v1 hierarchy is mounted: not a pure v2 host"; exit 3; fi
+# virtme-ng hides the host's /etc/shadow behind an empty file mounted over it; useradd (the security
+# test's) replaces that file by a rename, which a mount point refuses. /etc is a writable overlay here.
+umount /etc/shadow 2>/dev/null || true
 export TIDAL_REQUIRE_CGROUP2=1
 .venv/bin/python -m pytest -p no:cacheprovider -m privileged -rs $TESTS ${PYTEST_ARGS:-}
 EOF

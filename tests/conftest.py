@@ -73,6 +73,12 @@ def is_root() -> bool:
     return hasattr(os, "geteuid") and os.geteuid() == 0
 
 
+def cpuset_dir(driver, path: str) -> str:
+    """The directory holding a cgroup's cpuset files: v1's cpuset hierarchy, v2's one tree."""
+    dirs = driver.where(path)
+    return dirs.get("cpuset") or dirs["unified"]
+
+
 privileged = pytest.mark.skipif(not is_root(), reason="needs root: writes real cgroups / network namespaces")
 
 

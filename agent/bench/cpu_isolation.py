@@ -244,7 +244,7 @@ def run(duration: float = 2.0, repeats: int = 10, period_ms: float = 5.0, work_u
         scenarios[name] = summary(rows)
         scenarios[name]["p99_ratio"] = round(scenarios[name]["p99_us"] / alone_summary["p99_us"], 3)
     return {"alone": alone_summary, "scenarios": scenarios, "repeats": repeats, "cpus": cpus,
-            "cgroup_version": driver.version, "duration_s": duration, "period_ms": period_ms, "work_us": work_us}
+            "cgroup_version": driver.version, "kernel": os.uname().release, "duration_s": duration, "period_ms": period_ms, "work_us": work_us}
 
 
 if __name__ == "__main__":

@@ -64,7 +64,8 @@ def run(workloads: int = 200, seconds: float = 30.0, warmup: float = 5.0, extra=
         rss = me.memory_info().rss
         used = (t1.user + t1.system) - (t0.user + t0.system)
         status = client.request("GET", "/v1/status")
-        return {"cpu_percent": round(100.0 * used / elapsed, 3), "rss_mib": round(rss / 2 ** 20, 1),
+        return {"cgroup_version": status["cgroup_version"], "kernel": os.uname().release,
+                "cpu_percent": round(100.0 * used / elapsed, 3), "rss_mib": round(rss / 2 ** 20, 1),
                 "workloads": status["workloads"], "seconds": round(elapsed, 1),
                 "last_reconcile_ms": status["last_reconcile_ms"]}
     finally:

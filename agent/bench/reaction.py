@@ -106,7 +106,8 @@ def run(steps: int = 10, hold_s: float = 1.0, timeout_s: float = 5.0) -> Dict[st
             proc.kill()
             proc.wait()
         agent.reconciler.revert()
-    return {"p50_ms": round(median(reactions), 1), "p99_ms": round(percentile(reactions, 99), 1),
+    return {"cgroup_version": agent.driver.version, "kernel": os.uname().release,
+            "p50_ms": round(median(reactions), 1), "p99_ms": round(percentile(reactions, 99), 1),
             "max_ms": round(max(reactions), 1), "steps": len(reactions), "period_s": config.period,
             "guard_interval_s": config.guard_interval, "fast_shrinks": agent.counters["fast_shrinks"],
             "reactions_ms": [round(r, 1) for r in reactions]}

@@ -14,7 +14,7 @@ from agent.daemon import Agent, AgentConfig
 from agent.isolation.cgroups.reconcile import Reconciler
 from agent.topology import HostFS, discover
 from agent.topology.parse import parse_cpulist
-from tests.conftest import privileged
+from tests.conftest import cpuset_dir, privileged
 
 pytestmark = [pytest.mark.privileged, privileged]
 TOPO = discover(HostFS("/"), use_cpuinfo_lib=False)
@@ -53,7 +53,7 @@ def test_online_load_shrinks_lending_and_evicts_low_first(tmp_path):
         threading.Thread(target=loop, daemon=True).start()
         agent.start_guard()
         client = AgentClient(config.socket_path, timeout=30)
-        shared_file = agent.driver.where(f"{base}/shared")["cpuset"]
+        shared_file = cpuset_dir(agent.driver, f"{base}/shared")
         shared_cpus = lambda: set(parse_cpulist(open(f"{shared_file}/cpuset.cpus").read()))  # noqa: E731
         deadline = time.monotonic() + 20
         while shared_cpus() == set(TOPO.online_cpus()):  # the agent lends a cpu while online idles

@@ -65,17 +65,19 @@ class Outside:
         self.made = []
 
     def make(self, path: str, controllers=("cpuset", "cpu", "memory")) -> None:
+        """Each level made below its parent; v2: the root hands every controller down, deeper levels
+        ``controllers`` (as a slice that does not delegate cpuset would)."""
         parts = path.split("/")
         for depth in range(1, len(parts) + 1):
             sub = "/".join(parts[:depth])
             if self.driver.exists(sub):
                 continue
             if V2:
+                parent = self.driver._dir("", "/".join(parts[:depth - 1]))
+                for controller in (("cpuset", "cpu", "memory") if depth == 1 else controllers):
+                    with open(os.path.join(parent, "cgroup.subtree_control"), "w") as handle:
+                        handle.write(f"+{controller}")
                 os.mkdir(self.driver._dir("", sub))
-                if depth < len(parts):  # the leaf's own children are none of ours
-                    for controller in controllers:
-                        with open(os.path.join(self.driver._dir("", sub), "cgroup.subtree_control"), "w") as f:
-                            f.write(f"+{controller}")
             else:
                 self.driver.create(sub)
                 for file in ("cpuset.cpus", "cpuset.mems"):  # a v1 cpuset takes no process until set
@@ -267,10 +269,11 @@ def test_a_pods_cpuset_is_written_into_the_kubelets_cgroups_of_either_layout(tmp
             assert set(parse_cpulist(open(os.path.join(outside.dir(path), "cpuset.cpus")).read())) == cpus
         assert container not in report.created and pod not in report.created
     finally:
-        agent.reconciler.revert()
+        originals = dict(agent.reconciler.originals)
+        reverted = agent.reconciler.revert()
         agent.shutdown()
     assert os.path.isdir(outside.dir(container))  # the kubelet's cgroups stay
-    assert allowed(worker.pid) == before  # and hold what they held
+    assert allowed(worker.pid) == before, (originals, reverted)  # and hold what they held
 
 
 @needs_two_cpus
@@ -320,42 +323,38 @@ def test_a_partition_the_kernel_refuses_falls_back_to_a_plain_cpuset_and_says_so
     """Someone else already holds the cpus exclusively (a sibling partition at the root): the kernel
     refuses Tidal's exclusive cpus. The workload still gets its cpus as a plain cpuset, nothing fails,
     and status names the refusal."""
-    claim = f"tidal-test-claim-{uuid.uuid4().hex[:8]}"
-    outside.make(claim)
-    last = str(TOPO.online_cpus()[-1])
-    try:
-        with open(os.path.join(outside.dir(claim), "cpuset.cpus"), "w") as handle:
-            handle.write(last)
-        with open(os.path.join(outside.dir(claim), "cpuset.cpus.exclusive"), "w") as handle:
-            handle.write(last)
-    except OSError as exc:
-        pytest.fail(f"this kernel ({os.uname().release}) has no cpuset.cpus.exclusive: {exc}")
     base = f"tidal-test-{uuid.uuid4().hex[:8]}"
     agent, client = start_agent(tmp_path, ["--reserved-cpus", "none", "--cgroup-base", base, "--revert"])
     assert client is not None, agent.stdout.read()
     try:
+        # which cpu a dedicated workload gets here (the choice is deterministic): then someone claims it
+        client.request("POST", "/v1/workloads", {"name": "probe", "qos": "dedicated_cores", "cpus": 1})
+        taken = workload(client, "probe")["cpus"]
+        client.request("DELETE", "/v1/workloads/probe")
+        claim = f"tidal-test-claim-{uuid.uuid4().hex[:8]}"
+        outside.make(claim)
+        with open(os.path.join(outside.dir(claim), "cpuset.cpus"), "w") as handle:
+            handle.write(taken)
+        with open(os.path.join(outside.dir(claim), "cpuset.cpus.exclusive"), "w") as handle:
+            handle.write(taken)
         client.request("POST", "/v1/workloads", {"name": "web", "qos": "dedicated_cores", "cpus": 1})
         worker = procs()
         client.request("POST", "/v1/workloads/web/attach", {"pid": worker.pid})
         web = workload(client, "web")
-        assert allowed(worker.pid) == set(parse_cpulist(web["cpus"]))
-        deadline = time.monotonic() + 20
-        while True:
-            status = client.request("GET", "/v1/status")
-            refused = status["dedicated_isolation"]["refused"]
-            if refused or time.monotonic() > deadline:
-                break
-            time.sleep(0.2)
-        assert refused, status["dedicated_isolation"]
-        assert status["counters"]["reconcile_failures"] == 0
-        leaf = os.path.join(web["cgroup_dirs"]["unified"], "cpuset.cpus.partition")
-        assert open(leaf).read().strip() == "member"
+        assert web["cpus"] == taken
+        confined = allowed(worker.pid) == set(parse_cpulist(web["cpus"]))
+        status = client.request("GET", "/v1/status")
+        leaf = open(os.path.join(web["cgroup_dirs"]["unified"], "cpuset.cpus.partition")).read().strip()
         text = subprocess.run([sys.executable, "-m", "agent.cli", "status", "--socket", str(tmp_path / "a.sock")],
                               capture_output=True, text=True, timeout=60).stdout
-        assert "partition refused" in text, text
     finally:
         out = stop_agent(agent)
     assert agent.returncode == 0, out
+    assert confined, out
+    assert status["dedicated_isolation"]["refused"], (status["dedicated_isolation"], out)
+    assert status["counters"]["reconcile_failures"] == 0, out
+    assert leaf == "member" and web["partition"].startswith("member (")
+    assert "partition refused" in text, text
 
 
 def test_pressure_per_cgroup_is_read_through_the_driver(tmp_path, procs):

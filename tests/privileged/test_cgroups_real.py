@@ -22,7 +22,7 @@ from agent.isolation.cgroups.reconcile import Reconciler
 from agent.isolation.cgroups.recover import recover_state
 from agent.topology import HostFS, discover
 from agent.topology.parse import parse_cpulist
-from tests.conftest import privileged
+from tests.conftest import cpuset_dir, privileged
 
 pytestmark = [pytest.mark.privileged, privileged]
 
@@ -36,12 +36,6 @@ def allowed(pid: int, field: str = "Cpus_allowed_list") -> set:
             if line.startswith(field + ":"):
                 return set(parse_cpulist(line.split(":", 1)[1]))
     raise AssertionError(f"no {field} for {pid}")
-
-
-def cpuset_dir(driver, path: str) -> str:
-    """The directory holding a cgroup's cpuset files: v1's cpuset hierarchy, v2's one tree."""
-    dirs = driver.where(path)
-    return dirs.get("cpuset") or dirs["unified"]
 
 
 def last_cpu(pid: int) -> int:
@@ -207,7 +201,7 @@ def _start_agent(tmp_path, base, extra=()):
          str(tmp_path / "kstate"), "--reserved-cpus", "none", "--cgroup-base", base, "--cgroup-parent", "self",
          "--period", "0.2", "--no-resize", *extra],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + 60  # Python alone takes ~10 s to start in the emulated cgroup v2 VM
     while not os.path.exists(tmp_path / "k.sock"):
         assert proc.poll() is None, proc.stdout.read()
         assert time.monotonic() < deadline, "agent did not start"

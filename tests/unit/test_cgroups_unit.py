@@ -250,3 +250,70 @@ def test_kubelet_paths_reject_unknowns():
         kubelet_pod_path("openrc", "Burstable", "x")
     with pytest.raises(ValueError, match="QoS class"):
         kubelet_pod_path("systemd", "Gold", "x")
+
+
+def test_dedicated_leaves_are_remote_partitions_where_the_kernel_offers_them():
+    features = {"cpu.idle": True, "memory": True, "partition": True}
+    specs = {s.path: s for s in desired_tree(TOPO, STATE, pools(TOPO, STATE), CgroupOptions(), features)}
+    web = STATE.get("web")
+    dedicated = ",".join(map(str, web.cpus))
+    assert specs["tidal/dedicated/web"].knobs["partition"] == "root"
+    assert normalize("cpuset.cpus", specs["tidal/dedicated/web"].knobs["cpus_exclusive"]) == \
+        normalize("cpuset.cpus", dedicated)
+    for parent in ("tidal", "tidal/dedicated"):  # exclusive all the way down from Tidal's top cgroup
+        assert normalize("cpuset.cpus", specs[parent].knobs["cpus_exclusive"]) == normalize("cpuset.cpus", dedicated)
+    assert "partition" not in specs["tidal/shared/api"].knobs
+    without = {s.path: s for s in desired_tree(TOPO, STATE, pools(TOPO, STATE), CgroupOptions(),
+                                               {"cpu.idle": True, "memory": True})}
+    assert "partition" not in without["tidal/dedicated/web"].knobs and "cpus_exclusive" not in without["tidal"].knobs
+    off = {s.path: s for s in desired_tree(TOPO, STATE, pools(TOPO, STATE),
+                                           CgroupOptions(dedicated_partition="none"), features)}
+    assert "partition" not in off["tidal/dedicated/web"].knobs
+    assert files_for(1, "partition", "root") == [] and files_for(1, "cpus_exclusive", "1") == []
+
+
+class RefusingExclusive(RecordingCgroups):
+    """A kernel that refuses exclusive cpus (someone else holds them)."""
+
+    def write(self, controller, path, file, text):
+        if file == "cpuset.cpus.exclusive" and text.strip():
+            raise CgroupError(f"{path}/{file}: write {text!r} refused: Invalid argument")
+        super().write(controller, path, file, text)
+
+
+def test_a_refused_partition_is_a_plain_cpuset_recorded_once_never_a_failure():
+    driver = RefusingExclusive(version=2, features={"cpu.idle": True, "memory": True, "partition": True})
+    reconciler = Reconciler(driver, "tidal")
+    specs = desired_tree(TOPO, STATE, pools(TOPO, STATE), CgroupOptions(), driver.features)
+    report = reconciler.apply(specs)
+    assert report.ok, report.failed
+    assert report.partitions_refused and "tidal" in reconciler.partition_refused
+    assert driver.read("", "tidal/dedicated/web", "cpuset.cpus.partition") == "member"
+    assert reconciler.partition_of("tidal/dedicated/web").startswith("member (tidal: ")
+    again = reconciler.apply(specs, verify=True)  # no retry every period, no new report
+    assert again.ok and not again.partitions_refused
+
+
+def test_a_partition_the_kernel_marks_invalid_goes_back_to_member():
+    class InvalidPartition(RecordingCgroups):
+        def read(self, controller, path, file):
+            value = super().read(controller, path, file)
+            if file == "cpuset.cpus.partition" and value == "root":
+                return "root invalid (Invalid cpu list in cpuset.cpus.exclusive)\n"
+            return value
+
+    driver = InvalidPartition(version=2, features={"cpu.idle": True, "memory": True, "partition": True})
+    reconciler = Reconciler(driver, "tidal")
+    report = reconciler.apply(desired_tree(TOPO, STATE, pools(TOPO, STATE), CgroupOptions(), driver.features))
+    assert report.ok and [p for p, _ in report.partitions_refused] == ["tidal/dedicated/web"]
+    assert "Invalid cpu list" in reconciler.partition_refused["tidal/dedicated/web"]
+    assert driver.read("", "tidal/dedicated/web", "cpuset.cpus.partition") == "member"
+
+
+def test_pressure_files_parse():
+    from agent.isolation.cgroups.driver import parse_pressure
+
+    text = "some avg10=1.50 avg60=0.20 avg300=0.00 total=123456\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=7\n"
+    assert parse_pressure(text) == {"some": {"avg10": 1.5, "avg60": 0.2, "avg300": 0.0, "total": 123456.0},
+                                    "full": {"avg10": 0.0, "avg60": 0.0, "avg300": 0.0, "total": 7.0}}
+    assert parse_pressure("some avg10=x") is None and parse_pressure("") is None

@@ -119,8 +119,11 @@ def desired_tree(topo: Topology, state: State, pools: Pools, options: CgroupOpti
             reclaimed_parent["memory_high"] = options.reclaimed_memory_high
 
     partition = partitions(options, features)
-    # a remote partition's cpus are exclusive all the way down from Tidal's top cgroup
-    exclusive: Dict[str, object] = {"cpus_exclusive": dedicated} if partition else {}
+    # a remote partition's cpus are exclusive all the way down from Tidal's top cgroup: those of the
+    # dedicated workloads in Tidal's own tree (a pod's live in the kubelet's cgroups: no partition there)
+    partitioned = sorted({c for a in state.allocations if a.qos is QoS.DEDICATED and a.source != KUBERNETES
+                          and a.name not in placements for c in a.cpus})
+    exclusive: Dict[str, object] = {"cpus_exclusive": format_cpulist(partitioned)} if partition else {}
     specs = [
         CgroupSpec(base, {"cpus": online, "mems": mems_all, **exclusive}),
         CgroupSpec(f"{base}/system", {"cpus": system, "mems": mems_all}),

@@ -102,6 +102,10 @@ class Reconciler:
                 self.last[key] = text
             return
         if key not in self.originals and not self._ours(path):
+            if file in ("cpuset.cpus", "cpuset.mems") and actual is not None and not actual.strip():
+                # v2: empty means "as the parent", and the kernel refuses empty back while the cgroup has
+                # tasks; what its tasks could use is what revert puts back
+                actual = self.driver.read(controller, path, file + ".effective") or actual
             self.originals[key] = actual
         try:
             self.driver.write(controller, path, file, text)
@@ -151,10 +155,12 @@ class Reconciler:
             if want in (None, "member"):
                 continue
             actual = (self.driver.read("", spec.path, "cpuset.cpus.partition") or "").strip()
-            if actual.split(" ")[0] == want and "invalid" not in actual:
+            above = [p for p in self.partition_refused if spec.path.startswith(p + "/")]
+            if actual.split(" ")[0] == want and "invalid" not in actual and not above:
                 continue
-            reason = actual[actual.find("(") + 1:actual.rfind(")")] if "(" in actual else (actual or "unreadable")
-            self._refuse(report, spec.path, f"the kernel made it {actual!r}: {reason}")
+            if not above:  # refused on a parent this pass: the leaf says nothing of its own
+                reason = actual[actual.find("(") + 1:actual.rfind(")")] if "(" in actual else (actual or "unreadable")
+                self._refuse(report, spec.path, f"the kernel made it {actual!r}: {reason}")
             try:
                 self.driver.write("", spec.path, "cpuset.cpus.partition", "member")
                 self.last[(spec.path, "", "cpuset.cpus.partition")] = "member"
@@ -163,10 +169,10 @@ class Reconciler:
 
     def partition_of(self, path: str) -> Optional[str]:
         """What a dedicated leaf holds: the partition type, or why it is a plain cpuset."""
-        if path in self.partition_refused:
-            return f"member ({self.partition_refused[path]})"
-        value = self.last.get((path, "", "cpuset.cpus.partition"))
-        return value
+        for refused, reason in self.partition_refused.items():
+            if path == refused or path.startswith(refused + "/"):
+                return f"member ({refused}: {reason})"
+        return self.last.get((path, "", "cpuset.cpus.partition"))
 
     def _find_drift(self, specs: List[CgroupSpec]) -> None:
         """Files that no longer hold what Tidal last wrote there: someone else changed them."""
@@ -317,16 +323,10 @@ class Reconciler:
             report.failed.append((path, "", str(exc)))
 
     def revert(self) -> ReconcileReport:
-        """Put back what was found: original values of others' cgroups, and no Tidal tree."""
+        """Put back what was found: no Tidal tree, and original values of others' cgroups (after the
+        tree is gone: v2 leaves cpus that Tidal's tree held exclusively out of others' effective sets
+        until then)."""
         report = ReconcileReport()
-        for (path, controller, file), original in sorted(self.originals.items()):
-            if original is None:
-                continue
-            try:
-                self.driver.write(controller, path, file, original.strip())
-                report.written.append((path, file, original.strip()))
-            except CgroupError as exc:
-                report.failed.append((path, file, str(exc)))
         # not only if it exists everywhere: a tree half made or half removed is removed too
         unprepare = getattr(self.driver, "unprepare", None)
         gone = False
@@ -344,6 +344,14 @@ class Reconciler:
                 report.failed.append((self.base, "", str(exc)))
         if not gone:
             self._remove(report, self.base)
+        for (path, controller, file), original in sorted(self.originals.items()):
+            if original is None:
+                continue
+            try:
+                self.driver.write(controller, path, file, original.strip())
+                report.written.append((path, file, original.strip()))
+            except CgroupError as exc:
+                report.failed.append((path, file, str(exc)))
         self.last.clear()
         self._applied = None
         return report
