@@ -165,6 +165,18 @@ def workload(client, name):
     return next(w for w in client.request("GET", "/v1/workloads")["workloads"] if w["name"] == name)
 
 
+def in_process_agent(tmp_path, parent):
+    """An agent in the test's process, its tree ``tidal-test-<id>`` under ``parent`` ("/" or "self")."""
+    from agent.daemon import Agent, AgentConfig
+
+    agent = Agent(AgentConfig(socket_path=str(tmp_path / "i.sock"), state_dir=str(tmp_path / "st"), reserved_cpus=(),
+                              cgroup_base=f"tidal-test-{uuid.uuid4().hex[:8]}", cgroup_parent=parent,
+                              empty_grace=3600, resize=False, drift_check_period=0, watch_period=0),
+                  echo=lambda line: None)
+    agent.start()
+    return agent
+
+
 def stop_agent(proc):
     proc.send_signal(signal.SIGTERM)
     out, _ = proc.communicate(timeout=60)
@@ -238,26 +250,20 @@ def test_a_pods_cpuset_is_written_into_the_kubelets_cgroups_of_either_layout(tmp
     """The kubelet made the pod's cgroup and its container's (its cgroup driver decides the names);
     Tidal writes the assignment there through its one Reconciler, never makes or removes them, and puts
     the original values back on revert."""
-    from agent.daemon import Agent, AgentConfig
     from agent.isolation.cgroups.layout import kubelet_container_path, kubelet_pod_path
     from agent.qrm.model import KUBERNETES
 
     uid = str(uuid.uuid4())
     cid = uuid.uuid4().hex
-    pod = kubelet_pod_path(driver_name, "Guaranteed", uid)
-    container = kubelet_container_path(driver_name, "Guaranteed", uid, f"containerd://{cid}")
-    top = pod.split("/")[0]
-    if os.path.isdir(outside.dir(top)):
-        pytest.fail(f"{outside.dir(top)} exists on this machine (a real kubelet?): this test makes its own")
+    # the kubelet's layout below a unique top cgroup: a real kubelet's (or another test's) kubepods stays apart
+    top = f"tidal-test-kube-{uuid.uuid4().hex[:8]}"
+    pod = f"{top}/{kubelet_pod_path(driver_name, 'Guaranteed', uid)}"
+    container = f"{top}/{kubelet_container_path(driver_name, 'Guaranteed', uid, f'containerd://{cid}')}"
     outside.make(container)
     worker = procs()
     outside.enter(container, worker.pid)
     before = allowed(worker.pid)
-    base = f"tidal-test-{uuid.uuid4().hex[:8]}"
-    agent = Agent(AgentConfig(socket_path=str(tmp_path / "k.sock"), state_dir=str(tmp_path / "st"), reserved_cpus=(),
-                              cgroup_base=base, cgroup_parent="/", empty_grace=3600, resize=False,
-                              drift_check_period=0, watch_period=0), echo=lambda line: None)
-    agent.start()
+    agent = in_process_agent(tmp_path, "/")
     try:
         agent.admit({"name": "default.pod", "qos": "dedicated_cores", "cpus": 1}, source=KUBERNETES)
         agent.place("default.pod", [pod, container])
@@ -360,13 +366,8 @@ def test_a_partition_the_kernel_refuses_falls_back_to_a_plain_cpuset_and_says_so
 def test_pressure_per_cgroup_is_read_through_the_driver(tmp_path, procs):
     """PSI (cpu, memory, io; some and full) of one of Tidal's cgroups: v2 natively, a hybrid v1 host
     from the cgroup2 mirror its workloads are members of."""
-    from agent.daemon import Agent, AgentConfig
-
-    base = f"tidal-test-{uuid.uuid4().hex[:8]}"
-    agent = Agent(AgentConfig(socket_path=str(tmp_path / "p.sock"), state_dir=str(tmp_path / "st"), reserved_cpus=(),
-                              cgroup_base=base, cgroup_parent="self", empty_grace=3600, resize=False,
-                              drift_check_period=0, watch_period=0), echo=lambda line: None)
-    agent.start()
+    agent = in_process_agent(tmp_path, "self")
+    base = agent.config.cgroup_base
     try:
         if agent.driver.membership_dir(base) is None:
             pytest.fail("no cgroup2 hierarchy on this host: per-cgroup PSI has nowhere to come from")
