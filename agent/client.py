@@ -52,6 +52,9 @@ class AgentClient:
             raise AgentUnavailable(f"{self.socket_path}: permission denied (the socket is root's, mode 0600)") from None
         except OSError as exc:
             raise AgentUnavailable(f"{self.socket_path}: {exc}") from None
+        except http.client.HTTPException as exc:  # e.g. the agent died mid-answer (IncompleteRead)
+            raise AgentUnavailable(f"{self.socket_path}: the agent closed the connection before it answered "
+                                   f"({type(exc).__name__}); whether {method} {path} took effect is unknown") from None
         finally:
             conn.close()
         try:

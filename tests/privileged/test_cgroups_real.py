@@ -195,6 +195,11 @@ def test_attach_of_a_dead_pid_is_a_clear_error(agent):
         agent.attach("web", dead.pid)
 
 
+def _cmdline(pid):
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+        return [part.decode() for part in f.read().split(b"\0") if part]
+
+
 def _start_agent(tmp_path, base, extra=()):
     proc = subprocess.Popen(
         [sys.executable, "-m", "agent.cli", "agent", "--socket", str(tmp_path / "k.sock"), "--state-dir",
@@ -219,7 +224,9 @@ def test_sigkill_of_the_agent_keeps_workloads_confined(tmp_path, base):
         deadline = time.monotonic() + 20
         while True:
             workloads = client.request("GET", "/v1/workloads")["workloads"]
-            if workloads and workloads[0]["pids"]:
+            # wait for the exec, not only the attach: a SIGKILL between the two would take the
+            # attach's answer with it, and `tidal run` cannot know whether it was attached
+            if workloads and workloads[0]["pids"] and _cmdline(runner.pid)[:1] == ["sleep"]:
                 break
             assert time.monotonic() < deadline
             time.sleep(0.05)

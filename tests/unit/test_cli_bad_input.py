@@ -83,3 +83,30 @@ def test_topology_of_a_tree_with_a_fifo_does_not_hang(tmp_path):
     done = tidal("topology", "--root", str(tmp_path), "--json", timeout=30)
     assert done.returncode == 0, done.stderr
     assert b'"cpus"' in done.stdout
+
+
+def test_an_agent_that_dies_mid_answer_is_one_error_line(tmp_path):
+    """An agent SIGKILLed while it answers leaves a short response; the CLI says so, with no traceback."""
+    import socket
+    import threading
+
+    path = str(tmp_path / "dying.sock")
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(path)
+    server.listen(1)
+
+    def answer_half():
+        conn, _ = server.accept()
+        conn.recv(65536)
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 684\r\n\r\n{\"work")
+        conn.close()
+
+    thread = threading.Thread(target=answer_half, daemon=True)
+    thread.start()
+    done = tidal("ps", "--socket", path)
+    thread.join(timeout=10)
+    server.close()
+    err = done.stderr.decode(errors="replace")
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert done.returncode == 2, err
+    assert len(lines) == 1 and "closed the connection before it answered" in lines[0], err
