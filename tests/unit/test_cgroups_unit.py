@@ -3,7 +3,7 @@ reconciler ordering on a recording driver, v2 files on a fake unified tree, reco
 
 import pytest
 
-from agent.isolation.cgroups.desired import CgroupOptions, desired_tree
+from agent.isolation.cgroups.desired import CgroupOptions, CgroupSpec, desired_tree
 from agent.isolation.cgroups.detect import CgroupError, detect
 from agent.isolation.cgroups.driver import KernelCgroups, RecordingCgroups
 from agent.isolation.cgroups.knobs import files_for, normalize, shares_to_weight, weight_to_shares
@@ -317,3 +317,42 @@ def test_pressure_files_parse():
     assert parse_pressure(text) == {"some": {"avg10": 1.5, "avg60": 0.2, "avg300": 0.0, "total": 123456.0},
                                     "full": {"avg10": 0.0, "avg60": 0.0, "avg300": 0.0, "total": 7.0}}
     assert parse_pressure("some avg10=x") is None and parse_pressure("") is None
+
+
+class InheritingCpusets(RecordingCgroups):
+    """v2 cpusets as the kernel keeps them: empty means the parent's effective set, and a populated
+    cgroup refuses empty (ENOSPC)."""
+
+    def read(self, controller, path, file):
+        if file.endswith(".effective"):
+            own = (super().read(controller, path, file[:-len(".effective")]) or "").strip()
+            if own:
+                return own
+            return self.read(controller, path.rsplit("/", 1)[0] if "/" in path else "", file)
+        return super().read(controller, path, file)
+
+    def write(self, controller, path, file, text):
+        if file in ("cpuset.cpus", "cpuset.mems") and not text.strip() and self.members.get(path):
+            raise CgroupError(f"{path}/{file}: write '' refused: No space left on device")
+        super().write(controller, path, file, text)
+
+
+def test_revert_gives_a_kubelet_container_back_what_it_inherited_not_its_narrowed_set():
+    """The container's cpuset is empty (as its pod); Tidal narrows the pod first, so the container's
+    effective set is already narrow when its own file is written. Revert restores the pod, then gives
+    the populated container (which refuses empty) the pod's restored set."""
+    driver = InheritingCpusets(version=2)
+    driver.files[""][("", "cpuset.cpus")] = "0-15"
+    for path in ("kubepods", "kubepods/pod1", "kubepods/pod1/c1"):
+        driver.create(path)
+        driver.files[path][("", "cpuset.cpus")] = ""
+    driver.members["kubepods/pod1/c1"] = [42]
+    reconciler = Reconciler(driver, "tidal")
+    specs = [CgroupSpec(path, {"cpus": "2-3"}, "default.pod", external=True)
+             for path in ("kubepods/pod1", "kubepods/pod1/c1")]
+    assert reconciler.apply(specs).ok
+    assert driver.read("", "kubepods/pod1/c1", "cpuset.cpus.effective") == "2-3"
+    report = reconciler.revert()
+    assert report.ok, report.failed
+    assert driver.read("", "kubepods/pod1", "cpuset.cpus") == ""  # unpopulated: empty again
+    assert driver.read("", "kubepods/pod1/c1", "cpuset.cpus") == "0-15"  # what empty would give it

@@ -102,10 +102,8 @@ class Reconciler:
                 self.last[key] = text
             return
         if key not in self.originals and not self._ours(path):
-            if file in ("cpuset.cpus", "cpuset.mems") and actual is not None and not actual.strip():
-                # v2: empty means "as the parent", and the kernel refuses empty back while the cgroup has
-                # tasks; what its tasks could use is what revert puts back
-                actual = self.driver.read(controller, path, file + ".effective") or actual
+            # v2: an empty cpuset.cpus/mems means "as the parent" and is kept as such (its .effective now
+            # may already be a parent's narrowed set, as a container's is once its pod was written)
             self.originals[key] = actual
         try:
             self.driver.write(controller, path, file, text)
@@ -344,17 +342,36 @@ class Reconciler:
                 report.failed.append((self.base, "", str(exc)))
         if not gone:
             self._remove(report, self.base)
+        # sorted: a parent before its children, so an "as the parent" original below reads it restored
         for (path, controller, file), original in sorted(self.originals.items()):
             if original is None:
                 continue
+            text = original.strip()
             try:
-                self.driver.write(controller, path, file, original.strip())
-                report.written.append((path, file, original.strip()))
+                if not text and file in ("cpuset.cpus", "cpuset.mems"):
+                    text = self._restore_inherited(controller, path, file)
+                else:
+                    self.driver.write(controller, path, file, text)
+                report.written.append((path, file, text))
             except CgroupError as exc:
                 report.failed.append((path, file, str(exc)))
         self.last.clear()
         self._applied = None
         return report
+
+    def _restore_inherited(self, controller: str, path: str, file: str) -> str:
+        """Give back an empty ("as the parent") cpuset. The kernel refuses empty while the cgroup has
+        tasks (ENOSPC); then it gets the parent's effective set, which is what empty would give them."""
+        try:
+            self.driver.write(controller, path, file, "")
+            return ""
+        except CgroupError:
+            parent = path.rsplit("/", 1)[0] if "/" in path else ""
+            inherited = (self.driver.read(controller, parent, file + ".effective") or "").strip()
+            if not inherited:
+                raise
+            self.driver.write(controller, path, file, inherited)
+            return inherited
 
     def export(self) -> Dict[str, object]:
         """What a restarted agent needs to revert later (kept beside the checkpoint)."""
