@@ -13,7 +13,7 @@ PYTEST_ARGS ?=
 PREFIX ?= /opt/tidal
 UNIT_DIR ?= /etc/systemd/system
 
-.PHONY: all install deps test test-cgroup2 run bench clean clean-test-leftovers k8s-testbin
+.PHONY: all install deps test test-cgroup2 run bench clean clean-test-leftovers k8s-testbin nrt-scheduler
 
 all: test
 
@@ -47,6 +47,11 @@ test-cgroup2: deps $(STAMP)
 # (pytest -m k8s), cached outside the repository: the first build takes ~10 minutes, later runs none.
 k8s-testbin:
 	sh scripts/k8s-testbin.sh
+
+# a kube-scheduler with the upstream NodeResourceTopologyMatch plugin (sigs.k8s.io/scheduler-plugins),
+# for the tier that checks it reads Tidal's reports; cached outside the repository like k8s-testbin
+nrt-scheduler:
+	sh scripts/nrt-scheduler.sh
 
 run: deps $(STAMP)
 	$(BIN)/tidal agent

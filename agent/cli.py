@@ -187,6 +187,12 @@ def parse_reserved(value: Optional[str]):
               help="With --kube-node: kubeconfig (default: in-cluster service account).")
 @click.option("--kubelet-cgroup-driver", default=None, type=click.Choice(["cgroupfs", "systemd"]),
               help="With --kube-node: the kubelet's cgroup driver (default: detected).")
+@click.option("--topology-policy", default="none", show_default=True,
+              type=click.Choice(["none", "best-effort", "restricted", "single-numa-node"]),
+              help="With --kube-node: the node's NUMA policy, as the kubelet's Topology Manager states it. "
+                   "single-numa-node binds every dedicated_cores pod to one NUMA node (refused if none holds it) "
+                   "and lets the upstream NodeResourceTopologyMatch plugin filter on it; the others keep "
+                   "Tidal's per-pod binding (annotations), which that plugin does not filter on.")
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["debug", "info", "warning", "error"]))
 def agent(root: str, socket_path: str, state_dir: str, reserved_cpus, period: float, tcp_port, tcp_token_file,
@@ -195,7 +201,7 @@ def agent(root: str, socket_path: str, state_dir: str, reserved_cpus, period: fl
           online_policy: str, hooks, guard_interval: float, no_confine_self: bool, record_cgroups: bool,
           dedicated_partition: str,
           online_nic, offline_nic, offline_gateway, net_netns, no_ingress_shaping: bool, kube_node, kubeconfig,
-          kubelet_cgroup_driver, log_level: str) -> None:
+          kubelet_cgroup_driver, topology_policy: str, log_level: str) -> None:
     """Run the node agent in the foreground (what `make run` and the systemd unit start)."""
     import logging
 
@@ -221,7 +227,8 @@ def agent(root: str, socket_path: str, state_dir: str, reserved_cpus, period: fl
         holder = {}
 
         def on_start():  # once the agent has its state: pods, reports, lending
-            holder["k8s"] = KubeNodeAgent(agent, api, kube_node, kubelet_driver=kubelet_cgroup_driver)
+            holder["k8s"] = KubeNodeAgent(agent, api, kube_node, kubelet_driver=kubelet_cgroup_driver,
+                                          topology_policy=topology_policy)
             holder["k8s"].start()
             click.echo(f"tidal agent: Kubernetes node {kube_node}: watching its pods, publishing its topology")
 
@@ -788,6 +795,18 @@ def bench_overhead(workloads: int, seconds: float, as_json: bool) -> None:
     from agent.bench.overhead import run
 
     emit_json(run(workloads, seconds))
+
+
+@bench.command("numa-usage")
+@click.option("--seconds", default=20.0, show_default=True, type=click.FloatRange(2, 3600))
+@click.option("--period", default=1.0, show_default=True, type=click.FloatRange(0.2, 60),
+              help="Seconds between samples (the agent's period).")
+@click.option("--json", "as_json", is_flag=True, help="JSON output (always JSON).")
+def bench_numa_usage(seconds: float, period: float, as_json: bool) -> None:
+    """The v2 per-cpu offline estimate against v1's per-cpu counters on one load (needs root, v1)."""
+    from agent.bench.numa_usage import run
+
+    emit_json(run(seconds, period))
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -9,9 +9,13 @@ business (``agent.reporter.nrt``); this module is only the shape, so the
 agent that writes a report and the extender that reads it agree by
 construction.
 
-Top-level attributes: ``tidal.io/policy``, ``nodeTopologyPodsFingerprint``
-(a hash of the admitted pods, as upstream names it), ``tidal.io/pods`` (their
-UIDs: the extender drops its reservation for a pod once the report has it),
+Top-level attributes: ``topologyManagerPolicy`` and ``topologyManagerScope``
+(the node's policy as the kubelet's Topology Manager would state it: the
+upstream plugin filters only on ``single-numa-node``), ``tidal.io/policy``,
+``nodeTopologyPodsFingerprint`` (upstream's algorithm over the pods the plugin
+counts on the node) with ``nodeTopologyPodsFingerprintMethod``,
+``tidal.io/pods`` (the admitted pods' UIDs: the extender drops its reservation
+for a pod once the report has it),
 ``tidal.io/updated`` (when the agent made the report: stale reports are not
 trusted), ``tidal.io/node-state`` (lending) and the reclaimed capacity.
 """
@@ -19,10 +23,11 @@ trusted), ``tidal.io/node-state`` (lending) and the reclaimed capacity.
 from __future__ import annotations
 
 import calendar
-import hashlib
 import time
 from dataclasses import dataclass
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+
+import xxhash
 
 from contracts.pods import quantity
 from contracts.reports import NodeReport, PlacementError, Zone
@@ -31,6 +36,13 @@ from contracts.states import ONLINE
 GROUP, VERSION, PLURAL = "topology.node.k8s.io", "v1alpha2", "noderesourcetopologies"
 GPU_RESOURCE = "nvidia.com/gpu"
 UPDATED = "tidal.io/updated"
+FINGERPRINT = "nodeTopologyPodsFingerprint"
+FINGERPRINT_METHOD = "nodeTopologyPodsFingerprintMethod"
+FINGERPRINT_PREFIX = "pfp0v001"
+# the kubelet Topology Manager's policies, as NodeResourceTopology attributes carry them
+TOPOLOGY_POLICY = "topologyManagerPolicy"
+TOPOLOGY_SCOPE = "topologyManagerScope"
+TOPOLOGY_POLICIES = ("none", "best-effort", "restricted", "single-numa-node")
 
 
 @dataclass(frozen=True)
@@ -52,9 +64,26 @@ def rfc3339(epoch: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(epoch))
 
 
-def pods_fingerprint(uids: Iterable[str]) -> str:
-    digest = hashlib.sha256("\n".join(sorted(uids)).encode()).hexdigest()[:16]
-    return f"pfp0v001{digest}"
+def pods_fingerprint(pods: Iterable[Tuple[str, str]]) -> str:
+    """The upstream pod-set fingerprint (k8stopologyawareschedwg/podfingerprint ``pfp0v001``), which
+    the NodeResourceTopologyMatch plugin's overreserve cache recomputes from the pods it sees on the
+    node and compares before it trusts a report: each pod's ``(namespace, name)`` as
+    xxh64(name, seed=xxh64(namespace)), the values sorted and hashed again as little-endian
+    64-bit words; the hex of that xxh64 after ``pfp0v001``."""
+    words = sorted(xxhash.xxh64_intdigest(name.encode(), seed=xxhash.xxh64_intdigest(namespace.encode()))
+                   for namespace, name in pods)
+    return FINGERPRINT_PREFIX + xxhash.xxh64(b"".join(w.to_bytes(8, "little") for w in words)).hexdigest()
+
+
+def counted_by_the_plugin(pod: Mapping[str, Any]) -> bool:
+    """Whether the plugin's pod informer (its default ``informerMode: Dedicated``) counts the pod in
+    a node's fingerprint: bound and not Pending (Succeeded and Failed pods count until deleted)."""
+    return bool((pod.get("spec") or {}).get("nodeName")) and (pod.get("status") or {}).get("phase") != "Pending"
+
+
+def cpu_quantity(millicpu: int) -> str:
+    """Whole cpus where the value is whole ("14", not "14000m": the plugin logs the latter as 0)."""
+    return str(millicpu // 1000) if millicpu % 1000 == 0 else f"{millicpu}m"
 
 
 def encode(node: str, zones: Sequence[ZoneFigures], attributes: Sequence[Tuple[str, str]]) -> Dict[str, Any]:
@@ -63,7 +92,7 @@ def encode(node: str, zones: Sequence[ZoneFigures], attributes: Sequence[Tuple[s
     for z in zones:
         resources = [
             {"name": "cpu", "capacity": str(z.cpus), "allocatable": str(z.cpus_allocatable),
-             "available": f"{z.available_millicpu}m"},
+             "available": cpu_quantity(z.available_millicpu)},
             {"name": "memory", "capacity": str(z.memory), "allocatable": str(z.memory),
              "available": str(z.memory_available)},
         ]

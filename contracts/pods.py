@@ -125,8 +125,10 @@ def _options(annotations: Dict[str, str]) -> Dict[str, Any]:
     return options
 
 
-def pod_request(pod: Dict[str, Any]) -> PodRequest:
-    """The request for a pod; bad annotations give the default treatment and a ``problem``."""
+def pod_request(pod: Dict[str, Any], topology_policy: str = "none") -> PodRequest:
+    """The request for a pod; bad annotations give the default treatment and a ``problem``.
+    Under the node's ``single-numa-node`` topology policy a dedicated_cores pod is NUMA-bound,
+    whatever its annotations say (the report promises the upstream plugin as much)."""
     meta = pod.get("metadata") or {}
     name = f"{meta.get('namespace', 'default')}.{meta.get('name', '')}"[:128]
     requests, limits = _resources(pod)
@@ -156,6 +158,11 @@ def pod_request(pod: Dict[str, Any]) -> PodRequest:
         else:
             doc["cpus"] = whole
             doc.update({k: v for k, v in options.items() if k in ("numa_binding", "numa_exclusive")})
+            if topology_policy == "single-numa-node":
+                if options.get("numa_binding") is False:
+                    problem = problem or ("numa-binding false ignored: the node's topology policy is "
+                                          "single-numa-node; bound to one NUMA node")
+                doc["numa_binding"] = doc["single_numa_node"] = True
     if level == "reclaimed_cores":
         millicpu = requests.get(RECLAIMED_CPU) or cpu * 1000
         doc["millicpu"] = max(1, int(millicpu))

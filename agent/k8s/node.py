@@ -39,7 +39,7 @@ from agent.qrm.model import KUBERNETES
 from agent.k8s.crd import check_crd
 from agent.k8s.listwatch import list_watch
 from agent.reporter.nrt import build_nrt
-from contracts.nrt import GROUP, PLURAL, VERSION, attribute
+from contracts.nrt import GROUP, PLURAL, VERSION, attribute, counted_by_the_plugin
 
 log = logging.getLogger("tidal.k8s")
 FIELD_MANAGER = "tidal-agent"
@@ -82,7 +82,7 @@ class KubeletLayout:
 
 class KubeNodeAgent:
     def __init__(self, agent, api_client, node_name: str, resync: float = 30.0, report_period: float = 1.0,
-                 notice: str = "60s", kubelet_driver: Optional[str] = None) -> None:
+                 notice: str = "60s", kubelet_driver: Optional[str] = None, topology_policy: str = "none") -> None:
         from kubernetes import client
 
         self.agent = agent
@@ -96,6 +96,9 @@ class KubeNodeAgent:
         self.layout = KubeletLayout(agent.driver, kubelet_driver)
         self.pods: Dict[str, PodRequest] = {}  # uid -> request (admitted)
         self.pod_docs: Dict[str, Dict[str, Any]] = {}
+        # every pod on the node (admitted or not): uid -> (namespace, name, counted by the upstream plugin)
+        self.node_pods: Dict[str, Tuple[str, str, bool]] = {}
+        self.topology_policy = topology_policy
         self.refused: Dict[str, str] = {}  # uid -> why (event recorded once)
         # the agent's own lock, not a second one: the pod watch admits (the agent's lock taken inside
         # this one) while the report loop reads the agent's state (the agent's lock, then this one);
@@ -146,6 +149,8 @@ class KubeNodeAgent:
             self.on_pod(pod)
         seen = {pod["metadata"]["uid"] for pod in pods}
         with self.lock:
+            for uid in [u for u in self.node_pods if u not in seen]:
+                del self.node_pods[uid]
             for uid in [u for u in self.pods if u not in seen]:
                 self._release(uid)
             self._release_unclaimed()
@@ -153,6 +158,7 @@ class KubeNodeAgent:
     def _on_pod_event(self, kind: str, pod: Dict[str, Any]) -> None:
         if kind == "DELETED":
             with self.lock:
+                self.node_pods.pop(pod["metadata"]["uid"], None)
                 self._release(pod["metadata"]["uid"])
         else:
             self.on_pod(pod)
@@ -163,6 +169,7 @@ class KubeNodeAgent:
         phase = (pod.get("status") or {}).get("phase")
         events = []  # sent after the lock is let go: the lock is the agent's, an API call may take seconds
         with self.lock:
+            self.node_pods[uid] = (meta.get("namespace", "default"), meta.get("name", ""), counted_by_the_plugin(pod))
             if meta.get("deletionTimestamp") or phase in ("Succeeded", "Failed"):
                 self._release(uid)
                 return
@@ -171,7 +178,7 @@ class KubeNodeAgent:
                 if uid in self.pods:
                     self._place(uid)
                 return
-            request = pod_request(pod)
+            request = pod_request(pod, self.topology_policy)
             held = self.agent.state.get(request.workload)
             if held is not None and held.source == KUBERNETES:
                 self.pods[uid] = request  # admitted before a restart: kept, not admitted again
@@ -250,7 +257,9 @@ class KubeNodeAgent:
             memory = {r.workload: r.memory for r in self.pods.values()}
             return build_nrt(self.node, agent.topology, agent.state, agent.pools(), memory,
                              cap.millicpu if cap else 0, cap.memory_bytes if cap else 0,
-                             agent.lending.current.state, self.pods.keys(), now)
+                             agent.lending.current.state, self.pods.keys(), now,
+                             counted_pods=[(ns, name) for ns, name, counted in self.node_pods.values() if counted],
+                             topology_policy=self.topology_policy)
 
     def publish(self, force: bool = False) -> bool:
         body = self.nrt()

@@ -56,6 +56,7 @@ class Request:
     millicpu: int = 0  # shared / reclaimed (dedicated: cpus * 1000)
     numa_binding: bool = False
     numa_exclusive: bool = False
+    single_numa_node: bool = False  # NUMA-bound to one node only (the node's single-numa-node policy)
     require_whole_cores: bool = False
     reclaim_allowed: bool = False
     tier: Tier = Tier.LOW

@@ -327,6 +327,9 @@ def _dedicated(topo: Topology, state: State, lay: _Layout, request: Request) -> 
 
     if request.numa_binding:
         largest = max((len(topo.cpus_in_numa(n)) for n in topo.numa_ids()), default=0)
+        if request.single_numa_node and count > largest:
+            return Rejection(name, f"asks {count} cpus on one NUMA node (the node's topology policy is "
+                                   f"single-numa-node); the largest has {largest}")
         if count <= largest:
             candidates = []
             for node in topo.numa_ids():

@@ -27,7 +27,7 @@ KATALYST_QOS = "katalyst.kubewharf.io/qos_level"
 KATALYST_ENHANCEMENTS = ("memory_enhancement", "cpu_enhancement", "katalyst.kubewharf.io/memory_enhancement",
                          "katalyst.kubewharf.io/cpu_enhancement")
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
-KNOWN_KEYS = {"name", "qos", KATALYST_QOS, "cpus", "millicpu", "numa_binding", "numa_exclusive",
+KNOWN_KEYS = {"name", "qos", KATALYST_QOS, "cpus", "millicpu", "numa_binding", "numa_exclusive", "single_numa_node",
               "require_whole_cores", "reclaim_allowed", "tier", "gpus", "nic", *KATALYST_ENHANCEMENTS}
 
 
@@ -87,7 +87,7 @@ def parse_request(doc: Any) -> Request:
         raise AdmissionError(
             f"request {name!r}: unknown qos {level!r} (one of {', '.join(q.value for q in QoS)})") from None
     options = _enhancements(name, doc)
-    for key in ("numa_binding", "numa_exclusive", "require_whole_cores", "reclaim_allowed"):
+    for key in ("numa_binding", "numa_exclusive", "single_numa_node", "require_whole_cores", "reclaim_allowed"):
         if key in doc:
             options[key] = _flag(name, key, doc[key])
     tier = Tier.LOW
@@ -116,14 +116,15 @@ def parse_request(doc: Any) -> Request:
             cpus = int(_count(name, "cpus", value))
         else:
             raise AdmissionError(f"request {name!r}: dedicated_cores needs cpus")
-        if options.get("numa_exclusive"):
-            options["numa_binding"] = True  # exclusivity of a node implies binding to it
+        if options.get("numa_exclusive") or options.get("single_numa_node"):
+            options["numa_binding"] = True  # exclusivity of a node, or one node only, implies binding to it
         return Request(name=name, qos=qos, cpus=cpus, millicpu=cpus * 1000, gpus=gpus, nic=nic,
                        numa_binding=options.get("numa_binding", False),
                        numa_exclusive=options.get("numa_exclusive", False),
+                       single_numa_node=options.get("single_numa_node", False),
                        require_whole_cores=options.get("require_whole_cores", False),
                        reclaim_allowed=options.get("reclaim_allowed", False))
-    for option in ("numa_binding", "numa_exclusive", "require_whole_cores", "reclaim_allowed"):
+    for option in ("numa_binding", "numa_exclusive", "single_numa_node", "require_whole_cores", "reclaim_allowed"):
         if options.get(option):
             raise AdmissionError(f"request {name!r}: {option} applies to dedicated_cores only")
     if gpus:

@@ -15,17 +15,21 @@ zone per NUMA node with cpus:
 from __future__ import annotations
 
 import time
-from typing import Any, Dict, Iterable, List, Mapping, Optional
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
 
 from agent.qrm.assignment import assignment
 from agent.qrm.model import QoS
-from contracts.nrt import UPDATED, ZoneFigures, encode, pods_fingerprint, rfc3339
+from contracts.nrt import (FINGERPRINT, FINGERPRINT_METHOD, TOPOLOGY_POLICY, TOPOLOGY_SCOPE, UPDATED, ZoneFigures,
+                           encode, pods_fingerprint, rfc3339)
 
 
 def build_nrt(node: str, topology, state, pools, pod_memory: Mapping[str, int], reclaimed_millicpu: int,
               reclaimed_memory: int, node_state: str, pod_uids: Iterable[str], now: Optional[float] = None,
-              policy: str = "tidal-qrm") -> Dict[str, Any]:
-    """``pod_memory``: workload name -> bytes requested (for NUMA-bound workloads' zones)."""
+              policy: str = "tidal-qrm", counted_pods: Iterable[Tuple[str, str]] = (),
+              topology_policy: str = "none") -> Dict[str, Any]:
+    """``pod_memory``: workload name -> bytes requested (for NUMA-bound workloads' zones);
+    ``pod_uids``: the admitted pods; ``counted_pods``: (namespace, name) of every pod on the node the
+    upstream plugin counts (``contracts.nrt.counted_by_the_plugin``), for the fingerprint."""
     now = time.time() if now is None else now
     pod_uids = list(pod_uids)
     reserved = set(pools.reserved)
@@ -63,8 +67,12 @@ def build_nrt(node: str, topology, state, pools, pod_memory: Mapping[str, int], 
             gpus=gpus, gpus_available=max(0, gpus - gpu_used.get(numa.id, 0)),
             costs=tuple((other, int(dist)) for other, dist in numa.distances)))
     attributes = [
+        # Tidal binds per pod (all of a pod's containers on the same cpus and NUMA nodes): scope "pod"
+        (TOPOLOGY_POLICY, topology_policy),
+        (TOPOLOGY_SCOPE, "pod"),
         ("tidal.io/policy", policy),
-        ("nodeTopologyPodsFingerprint", pods_fingerprint(pod_uids)),
+        (FINGERPRINT, pods_fingerprint(counted_pods)),
+        (FINGERPRINT_METHOD, "all"),
         ("tidal.io/pods", ",".join(sorted(pod_uids))),
         (UPDATED, rfc3339(now)),
         ("tidal.io/node-state", node_state),

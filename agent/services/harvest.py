@@ -21,7 +21,9 @@ from agent.lending import OFFLINE, NodeLending
 from agent.qrm.policy import State, _layout
 from agent.reporter.capacity import MIB, Capacity, CapacityEstimator, HourlyHistory
 from agent.reporter.headroom import ReclaimSizer
+from agent.reporter.task_cpus import TaskCpuAttribution, scale_to
 from agent.reporter.usage import UsageSampler
+from agent.isolation.cgroups.driver import procs_in_tree
 from agent.services.enforcement import Enforcement
 from agent.services.owner import StateOwner
 
@@ -57,6 +59,11 @@ class Harvest:
         # the pool aggregates are read every period: through files kept open (see usage_reader)
         self._aggregate_readers = {p: self.driver.usage_reader(p) for p in self.aggregates}
         self._percpu_readers = [self.driver.percpu_reader(f"{base}/{tree}") for tree in ("reclaimed", "dedicated")]
+        # v2 has no per-cpu counter: per-thread run time, where the driver can list a tree's processes
+        self._tasks = None
+        if self.driver.version == 2 and getattr(self.driver, "fs", None) is not None and self.driver.fs.is_live:
+            self._tasks = TaskCpuAttribution(lambda: [pid for tree in ("reclaimed", "dedicated")
+                                                      for pid in procs_in_tree(self.driver, f"{base}/{tree}")])
 
     def start(self) -> Optional[str]:
         """Ready to sample; a warning line when the usage history was unusable."""
@@ -108,27 +115,43 @@ class Harvest:
                 log.warning("cannot save usage history: %s", exc)
 
     def _online_per_node(self, sample, now: float) -> Optional[Dict[int, int]]:
-        """Online millicpu on each NUMA node's cpus: per-cpu busy less the reclaimed and
-        dedicated trees' per-cpu use (v1 ``cpuacct.usage_percpu``); ``None`` without it."""
-        other = [read() for read in self._percpu_readers]
-        if any(v is None for v in other) or not sample.per_cpu_millicpu:
+        """Online millicpu on each NUMA node's cpus: per-cpu busy less what the reclaimed and
+        dedicated trees took on each cpu; ``None`` when that is not known (yet)."""
+        offline = self._offline_per_cpu(sample, now)
+        if offline is None or not sample.per_cpu_millicpu:
             return None
+        topo = self.owner.topology
+        per_node: Dict[int, int] = {}
+        for cpu, busy in sample.per_cpu_millicpu.items():
+            try:
+                numa = topo.cpu(cpu).numa
+            except KeyError:
+                continue
+            if numa is not None:
+                per_node[numa] = per_node.get(numa, 0) + max(0, round(busy - offline.get(cpu, 0.0)))
+        return per_node
+
+    def _offline_per_cpu(self, sample, now: float) -> Optional[Dict[int, float]]:
+        """Millicpu the reclaimed and dedicated trees took on each cpu since the last period: v1's
+        ``cpuacct.usage_percpu``; on v2 (no per-cpu counter) each thread's run time charged to the cpu
+        it last ran on, scaled to the trees' ``cpu.stat`` (see ``reporter.task_cpus``)."""
+        other = [read() for read in self._percpu_readers]
+        if any(v is None for v in other):
+            if self._tasks is None:
+                return None
+            charged = self._tasks.sample()
+            base = self.enforcement.base
+            total = sum(sample.per_cgroup_millicpu.get(f"{base}/{tree}", 0) for tree in ("reclaimed", "dedicated"))
+            if total and not charged:
+                return None  # the first sample, or threads too short-lived to be seen
+            return scale_to(charged, total)
         total_ns = [sum(values) for values in zip(*other)]
         last = self._percpu_last
         self._percpu_last = (now, total_ns)
         if last is None or now <= last[0] or len(last[1]) != len(total_ns):
             return None
         elapsed = now - last[0]
-        topo = self.owner.topology
-        per_node: Dict[int, int] = {}
-        for cpu, busy in sample.per_cpu_millicpu.items():
-            if cpu >= len(total_ns):
-                continue
-            offline = (total_ns[cpu] - last[1][cpu]) / 1e9 / elapsed * 1000
-            numa = topo.cpu(cpu).numa
-            if numa is not None:
-                per_node[numa] = per_node.get(numa, 0) + max(0, round(busy - offline))
-        return per_node
+        return {cpu: (total_ns[cpu] - last[1][cpu]) / 1e9 / elapsed * 1000 for cpu in range(len(total_ns))}
 
     def resize(self) -> None:
         """The reclaim pool's size from online's demand (the sizer); lent: all but what shared needs."""

@@ -187,7 +187,7 @@ def test_nrt_zones_track_dedicated_numa_bound_workloads(topo_dual_socket_ht):
     zones = {z["name"]: {r["name"]: r for r in z["resources"]} for z in report["zones"]}
     bound = decision.mems[0]
     per_zone = len(topo.cpus_in_numa(bound))
-    assert zones[f"node-{bound}"]["cpu"]["available"] == f"{(per_zone - 4) * 1000}m"
+    assert zones[f"node-{bound}"]["cpu"]["available"] == str(per_zone - 4)  # whole cpus: no "m"
     assert int(zones[f"node-{bound}"]["memory"]["available"]) == int(zones[f"node-{bound}"]["memory"]["capacity"]) \
         - 8 * GIB
     assert all(z["type"] == "Node" and z["costs"] for z in report["zones"])
@@ -567,3 +567,59 @@ def test_an_api_server_that_accepts_and_never_answers_is_an_error_not_a_hang(mon
     assert not caller.is_alive(), "the call hung on a silent API server"
     assert "Timeout" in outcome["result"], outcome
     assert timeouts.watch(30)[1] > 30  # a quiet but healthy watch outlives the server's own timeout
+
+
+def test_the_pod_fingerprint_is_upstreams():
+    """podfingerprint v0.2.2's own test data and vectors (tests/fixtures/podfingerprint)."""
+    from contracts.nrt import pods_fingerprint
+
+    pods = json.loads((FIXTURES.parent / "podfingerprint" / "pods.json").read_text())
+    assert len(pods) == 259
+    assert pods_fingerprint((p["namespace"], p["name"]) for p in pods) == "pfp0v001e477a4e3b2fc0ec6"
+    five = [("ns1", "n1"), ("ns1", "n2"), ("ns2", "n1"), ("ns3", "n1"), ("ns3", "n2")]
+    assert pods_fingerprint(five) == pods_fingerprint(reversed(five)) == "pfp0v001b92008c14168b3a6"
+    assert pods_fingerprint([("ns1", "n1")]) != pods_fingerprint([("ns1n", "1")])  # not the concatenation
+
+
+def test_the_report_states_the_policy_and_counts_pods_as_the_plugin_does(topo_dual_socket_ht):
+    from contracts.nrt import counted_by_the_plugin, cpu_quantity, pods_fingerprint
+
+    topo = topo_dual_socket_ht
+    state = initial_state(topo, ())
+    report = build_nrt("node-a", topo, state, pools(topo, state), {}, 0, 0, "Online", [], now=1_800_000_000,
+                       counted_pods=[("default", "a"), ("kube-system", "b")], topology_policy="single-numa-node")
+    attributes = {a["name"]: a["value"] for a in report["attributes"]}
+    assert attributes["topologyManagerPolicy"] == "single-numa-node"
+    assert attributes["topologyManagerScope"] == "pod"
+    assert attributes["nodeTopologyPodsFingerprint"] == pods_fingerprint([("kube-system", "b"), ("default", "a")])
+    assert attributes["nodeTopologyPodsFingerprintMethod"] == "all"
+    assert cpu_quantity(14000) == "14" and cpu_quantity(13500) == "13500m" and cpu_quantity(0) == "0"
+    bound = {"spec": {"nodeName": "n"}}
+    assert not counted_by_the_plugin({**bound, "status": {"phase": "Pending"}})
+    assert all(counted_by_the_plugin({**bound, "status": {"phase": p}}) for p in ("Running", "Succeeded", "Failed"))
+    assert not counted_by_the_plugin({"spec": {}, "status": {"phase": "Running"}})
+
+
+def test_single_numa_node_binds_every_dedicated_pod():
+    from contracts.pods import pod_request
+
+    def pod(annotations=None):
+        return {"metadata": {"name": "p", "namespace": "ns", "uid": "u", "annotations": annotations or {}},
+                "spec": {"containers": [{"name": "c", "resources": {"requests": {"cpu": "4", "memory": "1Gi"},
+                                                                   "limits": {"cpu": "4", "memory": "1Gi"}}}]}}
+
+    assert "numa_binding" not in pod_request(pod()).document
+    bound = pod_request(pod(), "single-numa-node")
+    assert bound.document["numa_binding"] is True and bound.problem is None
+    overruled = pod_request(pod({"tidal.io/numa-binding": "false"}), "single-numa-node")
+    assert overruled.document["numa_binding"] is True and "single-numa-node" in overruled.problem
+    assert "numa_binding" not in pod_request(pod(), "restricted").document
+    from agent.qrm.model import Rejection
+    from agent.topology.synthetic import Shape, build_topology
+
+    topo = build_topology(Shape(sockets=1, numa_per_socket=2, cores_per_numa=4, threads_per_core=2))
+    big = dict(bound.document, cpus=10)
+    refused = allocate(topo, initial_state(topo, ()), parse_request(big))  # 8 cpus per node: never on one
+    assert isinstance(refused, Rejection) and "single-numa-node" in refused.reason
+    spread = allocate(topo, initial_state(topo, ()), parse_request(dict(big, single_numa_node=False)))
+    assert spread.mems == (0, 1)  # without the policy, the fewest whole nodes

@@ -411,7 +411,7 @@ class KernelCgroups:
     def kill(self, path: str, sig: int) -> List[int]:
         """Signal every process of the cgroup and its descendants; returns the pids signalled."""
         signalled = []
-        for pid in _all_procs(self, path):
+        for pid in procs_in_tree(self, path):
             try:
                 os.kill(pid, sig)
                 signalled.append(pid)
@@ -514,11 +514,14 @@ def _int_or_none(text: Optional[str]) -> Optional[int]:
     return int(text) if text and text.strip().isdigit() else None
 
 
-def _all_procs(driver, path: str) -> List[int]:
+def procs_in_tree(driver, path: str) -> List[int]:
+    """Processes of a cgroup and its descendants."""
     pids = list(driver.procs(path))
     for child in driver.children(path):
-        pids.extend(_all_procs(driver, f"{path}/{child}"))
+        pids.extend(procs_in_tree(driver, f"{path}/{child}"))
     return pids
+
+
 
 
 class RecordingCgroups:
@@ -604,7 +607,7 @@ class RecordingCgroups:
         return self.memory.get(path)
 
     def kill(self, path: str, sig: int) -> List[int]:
-        pids = _all_procs(self, path)
+        pids = procs_in_tree(self, path)
         for members in self.members.values():
             for pid in pids:
                 if pid in members:
