@@ -106,7 +106,12 @@ def _send(sock_path: str, raw: bytes) -> tuple:
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
         conn.settimeout(5)
         conn.connect(sock_path)
-        conn.sendall(raw)
+        try:
+            conn.sendall(raw)
+        except (BrokenPipeError, ConnectionResetError):
+            # The server may answer and close before it has read all of a request it refuses (a header
+            # over its line limit, a body over its size cap): what it answered is still ours to read.
+            pass
         data = b""
         while True:
             chunk = conn.recv(65536)
