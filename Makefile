@@ -13,7 +13,7 @@ PYTEST_ARGS ?=
 PREFIX ?= /opt/tidal
 UNIT_DIR ?= /etc/systemd/system
 
-.PHONY: all install deps test test-cgroup2 run bench clean clean-test-leftovers k8s-testbin nrt-scheduler
+.PHONY: all install deps test test-cgroup2 bench-hierarchies run bench clean clean-test-leftovers k8s-testbin nrt-scheduler
 
 all: test
 
@@ -42,6 +42,10 @@ test: deps $(STAMP)
 # virtme-ng are cached outside the repository; see scripts/cgroup2-vm.sh)
 test-cgroup2: deps $(STAMP)
 	sh scripts/cgroup2-vm.sh
+
+# the cpu benchmarks on this host's hierarchy and on pure cgroup v2 in the same VM, side by side (root)
+bench-hierarchies: deps $(STAMP)
+	$(BIN)/python scripts/bench-hierarchies.py
 
 # kube-apiserver, kube-scheduler and etcd built from source for the Kubernetes end-to-end tier
 # (pytest -m k8s), cached outside the repository: the first build takes ~10 minutes, later runs none.
