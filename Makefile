@@ -13,7 +13,7 @@ PYTEST_ARGS ?=
 PREFIX ?= /opt/tidal
 UNIT_DIR ?= /etc/systemd/system
 
-.PHONY: all install deps test test-cgroup2 bench-hierarchies run bench clean clean-test-leftovers k8s-testbin nrt-scheduler
+.PHONY: all install deps test test-cgroup2 bench-hierarchies run bench clean clean-test-leftovers k8s-testbin nrt-scheduler yarn-testbin
 
 all: test
 
@@ -56,6 +56,11 @@ k8s-testbin:
 # for the tier that checks it reads Tidal's reports; cached outside the repository like k8s-testbin
 nrt-scheduler:
 	sh scripts/nrt-scheduler.sh
+
+# Hadoop YARN's ResourceManager, NodeManager and distributed shell (jars from Maven Central) for the YARN
+# tier (tests/yarn); cached outside the repository like k8s-testbin
+yarn-testbin:
+	sh scripts/yarn-testbin.sh
 
 run: deps $(STAMP)
 	$(BIN)/tidal agent

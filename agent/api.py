@@ -8,7 +8,7 @@
 | DELETE | /v1/workloads/<name>          |                     | 200 {"released": name}           |
 | POST   | /v1/workloads/<name>/attach   | {"pid": N}          | 200 {"workload": {...}}          |
 | GET    | /v1/status                    |                     | 200 pools, per-cpu map, counters |
-| GET    | /v1/capacity[?format=yarn|mesos][&wait_generation=N&timeout=S] | | 200 reclaimed capacity (long-poll) |
+| GET    | /v1/capacity[?format=yarn|mesos|mesos-array][&wait_generation=N&timeout=S] | | 200 reclaimed capacity (long-poll) |
 | GET    | /v1/node                      |                     | 200 node state (lending)         |
 | POST   | /v1/node/lend, /v1/node/reclaim | {"notice": "60s"} | 200; 409 wrong state             |
 | GET    | /v1/evictions                 |                     | 200 recent evictions, by tier    |
@@ -42,7 +42,7 @@ from urllib.parse import unquote, urlsplit
 
 from agent.authority import Caller, check, may_touch, pid_owner, token_matches
 from agent.errors import AdmissionError, Conflict, Forbidden, NotFound, TidalError, Unfit
-from contracts.capacity import render_capacity
+from contracts.capacity import FORMATS, render_capacity
 
 log = logging.getLogger("tidal.api")
 MAX_BODY = 1 << 20
@@ -279,7 +279,8 @@ def _notice(body: Any) -> Any:
 
 
 def _capacity(agent, raw_path: str) -> Any:
-    """GET /v1/capacity[?format=yarn|mesos][&wait_generation=N&timeout=S]."""
+    """GET /v1/capacity[?format=yarn|mesos|mesos-array][&wait_generation=N&timeout=S]
+    [&revocable_cpus=X&revocable_mem_mb=Y] (Mesos: what revocable tasks hold, subtracted)."""
     from urllib.parse import parse_qs
 
     query = urlsplit(raw_path).query
@@ -287,14 +288,24 @@ def _capacity(agent, raw_path: str) -> Any:
         params = parse_qs(query, keep_blank_values=True, strict_parsing=bool(query))
     except ValueError:
         raise AdmissionError(f"malformed query string {query!r}") from None
-    unknown = set(params) - {"format", "wait_generation", "timeout"}
+    unknown = set(params) - {"format", "wait_generation", "timeout", "revocable_cpus", "revocable_mem_mb"}
     if unknown:
         raise AdmissionError(f"unknown query parameter(s) {', '.join(sorted(unknown))}")
     if any(len(v) != 1 for v in params.values()):
         raise AdmissionError("each query parameter may be given once")
     fmt = params.get("format", ["tidal"])[0]
-    if fmt not in ("tidal", "yarn", "mesos"):
-        raise AdmissionError(f"format must be tidal, yarn or mesos, got {fmt!r}")
+    if fmt not in FORMATS:
+        raise AdmissionError(f"format must be one of {', '.join(FORMATS)}, got {fmt!r}")
+    in_use = None
+    if "revocable_cpus" in params or "revocable_mem_mb" in params:
+        if not fmt.startswith("mesos"):
+            raise AdmissionError("revocable_cpus and revocable_mem_mb go with format=mesos or mesos-array")
+        try:
+            in_use = (float(params.get("revocable_cpus", ["0"])[0]), float(params.get("revocable_mem_mb", ["0"])[0]))
+        except ValueError:
+            raise AdmissionError("revocable_cpus and revocable_mem_mb must be numbers") from None
+        if not all(0 <= v < 1e12 for v in in_use):  # also refuses nan and inf
+            raise AdmissionError("revocable_cpus and revocable_mem_mb must be >= 0 and finite")
     if "wait_generation" in params:
         try:
             generation = int(params["wait_generation"][0])
@@ -308,7 +319,7 @@ def _capacity(agent, raw_path: str) -> Any:
         raise AdmissionError("timeout goes with wait_generation")
     else:
         doc = agent.capacity_doc()
-    return render_capacity(doc, fmt)
+    return render_capacity(doc, fmt, revocable_in_use=in_use)
 
 
 _BUSY_BODY = b'{"error": "too many connections; try again"}\n'

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from typing import Any, Optional
 from urllib.parse import quote
@@ -160,6 +161,21 @@ def parse_reserved(value: Optional[str]):
 @click.option("--push-command", default=None, metavar="JSON-ARGV",
               help='Run this argument vector on every capacity change, e.g. \'["/usr/local/bin/report", "--node", "n1"]\'.')
 @click.option("--push-url", default=None, help="POST the capacity (YARN shape) to this URL on every change.")
+@click.option("--push-format", default="yarn", show_default=True, type=click.Choice(["tidal", "yarn", "mesos", "mesos-array"]),
+              help="The shape --push-command gets on stdin and --push-url is POSTed.")
+@click.option("--push-resend", default=10.0, show_default=True, type=click.FloatRange(0, 3600),
+              help="Seconds between re-sends of an unchanged capacity to every push target (0: only on change); "
+                   "a restarted ResourceManager or NodeManager has forgotten it.")
+@click.option("--yarn-rm", default=None, metavar="URL",
+              help="Set this node's resource in a YARN ResourceManager (its web address, e.g. http://rm:8088) "
+                   "on every change and every --push-resend; never below the RM's minimum allocation.")
+@click.option("--yarn-node-id", default=None, metavar="HOST:PORT",
+              help="With --yarn-rm: the NodeManager's id (default: found in the RM's node list by host name).")
+@click.option("--yarn-node-host", default=None, metavar="NAME",
+              help="With --yarn-rm: the NodeManager's host name as the RM lists it (default: this host's names).")
+@click.option("--offline-cgroup", "offline_cgroups", multiple=True, metavar="PATH",
+              help="A cgroup outside Tidal's tree (from the hierarchy's root, e.g. /hadoop-yarn) whose cpu and "
+                   "memory are offline work's, not online demand. Repeatable; may not exist yet.")
 @click.option("--eviction-grace", default=10.0, show_default=True, type=click.FloatRange(0, 3600),
               help="Seconds over-committed reclaimed work is throttled before whole workloads are evicted.")
 @click.option("--online-policy", default="wait", show_default=True, type=click.Choice(["wait", "evict"]),
@@ -197,7 +213,8 @@ def parse_reserved(value: Optional[str]):
               type=click.Choice(["debug", "info", "warning", "error"]))
 def agent(root: str, socket_path: str, state_dir: str, reserved_cpus, period: float, tcp_port, tcp_token_file,
           socket_group, cgroup_base: str,
-          cgroup_parent: str, no_resize: bool, revert: bool, push_command, push_url, eviction_grace: float,
+          cgroup_parent: str, no_resize: bool, revert: bool, push_command, push_url, push_format: str,
+          push_resend: float, yarn_rm, yarn_node_id, yarn_node_host, offline_cgroups, eviction_grace: float,
           online_policy: str, hooks, guard_interval: float, no_confine_self: bool, record_cgroups: bool,
           dedicated_partition: str,
           online_nic, offline_nic, offline_gateway, net_netns, no_ingress_shaping: bool, kube_node, kubeconfig,
@@ -215,6 +232,9 @@ def agent(root: str, socket_path: str, state_dir: str, reserved_cpus, period: fl
                          revert_on_exit=revert, record_cgroups=record_cgroups, confine_self=not no_confine_self,
                          cgroup_options=CgroupOptions(dedicated_partition=dedicated_partition),
                          push_command=parse_argv("--push-command", push_command), push_url=push_url,
+                         push_format=push_format, push_resend=push_resend,
+                         yarn_rm=check_yarn_rm(yarn_rm, yarn_node_id, yarn_node_host), yarn_node_id=yarn_node_id,
+                         yarn_node_host=yarn_node_host, offline_cgroups=parse_offline_cgroups(offline_cgroups, cgroup_base),
                          eviction_grace=eviction_grace, online_policy=online_policy, hooks=parse_hooks(hooks),
                          guard_interval=guard_interval, socket_group=group_id(socket_group),
                          tcp_token=tcp_token(tcp_port, tcp_token_file),
@@ -234,6 +254,36 @@ def agent(root: str, socket_path: str, state_dir: str, reserved_cpus, period: fl
 
         agent.on_started = on_start
     sys.exit(agent.run())
+
+
+def check_yarn_rm(url: Optional[str], node_id: Optional[str], node_host: Optional[str]) -> Optional[str]:
+    if url is None:
+        if node_id or node_host:
+            raise TidalError("--yarn-node-id and --yarn-node-host go with --yarn-rm")
+        return None
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise TidalError(f"--yarn-rm: expected the ResourceManager's web address (http://HOST:PORT), got {url!r}")
+    if node_id is not None and not re.fullmatch(r"[A-Za-z0-9.\-_]+:[0-9]{1,5}", node_id):
+        raise TidalError(f"--yarn-node-id: expected HOST:PORT as the RM lists nodes, got {node_id!r}")
+    return url
+
+
+def parse_offline_cgroups(paths, base: str = "tidal") -> tuple:
+    out = []
+    for path in paths:
+        parts = [p for p in path.split("/") if p]
+        if not parts or any(p in (".", "..") for p in parts) or any(c in path for c in "\0\n"):
+            raise TidalError(f"--offline-cgroup: expected a cgroup path from the hierarchy's root, got {path!r}")
+        if parts[0] == base:
+            raise TidalError(f"--offline-cgroup {path}: inside Tidal's own tree, which is counted already "
+                             f"(run offline work as reclaimed_cores workloads there)")
+        out.append("/".join(parts))
+    if len(set(out)) != len(out):
+        raise TidalError("--offline-cgroup: a path is given twice")
+    return tuple(out)
 
 
 def group_id(name: Optional[str]) -> Optional[int]:
@@ -414,7 +464,7 @@ def status(socket_path: str, as_json: bool) -> None:
 
 @main.command()
 @SOCKET_OPTION
-@click.option("--format", "fmt", default="tidal", show_default=True, type=click.Choice(["tidal", "yarn", "mesos"]))
+@click.option("--format", "fmt", default="tidal", show_default=True, type=click.Choice(["tidal", "yarn", "mesos", "mesos-array"]))
 @click.option("--watch", is_flag=True, help="Print every change (long-poll) until interrupted.")
 @click.option("--json", "as_json", is_flag=True, help="JSON output.")
 def capacity(socket_path: str, fmt: str, watch: bool, as_json: bool) -> None:

@@ -34,6 +34,8 @@ from typing import Any, Callable, Dict, List, Optional
 from agent.errors import AdmissionError, Conflict, NotFound, TidalError, Unfit  # noqa: F401 - part of the face
 from agent.isolation.cgroups.desired import CgroupOptions
 from agent.isolation.cgroups.detect import CgroupError, detect
+from agent.helper_process import HelperJoin
+from agent.isolation.cgroups.desired import HELPERS
 from agent.isolation.cgroups.driver import CgroupDriver, KernelCgroups
 from agent.isolation.cgroups.layout import check_base
 from agent.isolation.cgroups.reconcile import ReconcileReport
@@ -80,6 +82,11 @@ class AgentConfig:
     push_command: Optional[List[str]] = None  # argv run with the capacity on every change
     push_url: Optional[str] = None  # POSTed the capacity (YARN shape) on every change
     push_format: str = "yarn"
+    push_resend: float = 10.0  # seconds between re-sends of an unchanged capacity (a restarted RM/NM forgot it)
+    yarn_rm: Optional[str] = None  # a ResourceManager's web address: Tidal sets its node's resource (agent.reporter.yarn)
+    yarn_node_id: Optional[str] = None  # default: found in the RM's node list by host name
+    yarn_node_host: Optional[str] = None  # the NodeManager's host name, where it is not this host's
+    offline_cgroups: tuple = ()  # cgroups (from the hierarchy's root) whose use is offline, not online
     guard_interval: float = 0.05  # the fast guard's sampling interval (0: off)
     api_poll_interval: float = 0.5  # how often idle API threads wake (shutdown latency vs idle cpu)
     drift_check_period: float = 30.0  # seconds between full reads of the cgroup tree (drift repair)
@@ -104,11 +111,9 @@ class Agent:
         self.lending = NodeLending(os.path.join(config.state_dir, "node.json"), config.hooks)
         self.counters: Dict[str, int] = {"drift_repairs": 0, "reconciles": 0, "reconcile_failures": 0,
                                          "released_empty": 0, "fast_shrinks": 0}
-        self.pusher = None
-        if config.push_command or config.push_url:
-            from agent.reporter.push import Pusher
-
-            self.pusher = Pusher(config.push_command, config.push_url, config.push_format)
+        self.helper_join = HelperJoin()  # moves push commands and hooks into <base>/helpers once it exists
+        self.lending.helper_join = self.helper_join
+        self.pusher = self._pusher(config)
         self.net = None  # NetShaper when config.net is set
         self.on_started: Optional[Callable[[], None]] = None  # e.g. the Kubernetes pod source
         # the services, built by start() once the topology and the driver are known
@@ -122,6 +127,20 @@ class Agent:
         self._last_watch = -1e18
         self._last_usage = -1e18
         self._server = None
+
+    def _pusher(self, config: AgentConfig):
+        from agent.reporter.push import CommandTarget, Pusher, UrlTarget
+
+        targets = []
+        if config.push_command:
+            targets.append(CommandTarget(config.push_command, config.push_format, join=self.helper_join))
+        if config.push_url:
+            targets.append(UrlTarget(config.push_url, config.push_format))
+        if config.yarn_rm:
+            from agent.reporter.yarn import YarnTarget
+
+            targets.append(YarnTarget(config.yarn_rm, config.yarn_node_id, config.yarn_node_host))
+        return Pusher(targets, resend_s=config.push_resend) if targets else None
 
     # ---- the state, as readers see it ---------------------------------------------------------
 
@@ -226,6 +245,8 @@ class Agent:
         self.admission.track_all()
         report = self.reconcile()
         owner.store.save(owner.state, owner.topology)
+        if not cfg.record_cgroups:  # helpers (push commands, hooks) run in <base>/helpers from now on
+            self.helper_join.join = lambda pid: self.driver.move(f"{cfg.cgroup_base}/{HELPERS}", pid)
         if cfg.net is not None:
             self._start_net()
         if cfg.confine_self and not cfg.record_cgroups and owner.pools().reserved:
@@ -348,6 +369,10 @@ class Agent:
                 "cpus": cpus, "counters": dict(self.counters),
                 "evictions_by_tier": dict(self.evictions_by_tier), "recent_evictions": self.evictions[-20:],
                 "node_state": self.lending.current.state,
+                "online_millicpu": self.harvest.online_millicpu,
+                "offline_cgroups": [{"path": p, "millicpu": self.harvest.offline_usage.get(p)}
+                                    for p in self.harvest.offline_cgroups],
+                "push": self.pusher.records() if self.pusher is not None else [],
                 "last_reconcile_ms": round(self.last_reconcile_ms, 3),
                 "state_file": self.store.path, "socket": self.config.socket_path,
             }

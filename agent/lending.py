@@ -38,6 +38,7 @@ import threading
 import time
 
 from agent.errors import AdmissionError, StateError, TidalError
+from agent.helper_process import run_helper
 from agent.statefiles import NotRegular, keep_bad_copy, read_regular, write_json
 
 from contracts.states import OFFLINE, ONLINE, STATES, TO_OFFLINE, TO_ONLINE  # noqa: F401 - the shared names
@@ -109,6 +110,7 @@ class NodeLending:
         self.hooks = hooks or {}
         self.current = NodeState()
         self.hook_results: List[Dict[str, object]] = []
+        self.helper_join = None  # moves a hook into Tidal's helpers cgroup (agent.helper_process)
         self._hook_queue: "queue.Queue" = queue.Queue()
         self._hook_thread: Optional[threading.Thread] = None
 
@@ -158,7 +160,7 @@ class NodeLending:
                 return
             env = dict(os.environ, TIDAL_NODE_FROM=previous, TIDAL_NODE_TO=state)
             try:
-                done = subprocess.run(argv, env=env, timeout=30, capture_output=True, text=True)
+                done = run_helper(argv, self.helper_join, env, timeout=30)
                 self.hook_results.append({"state": state, "argv": argv, "exit": done.returncode})
             except (OSError, subprocess.TimeoutExpired) as exc:
                 self.hook_results.append({"state": state, "argv": argv, "error": str(exc)})

@@ -78,6 +78,22 @@ class AgentCollector(Collector):
             g = GaugeMetricFamily("tidal_online_usage_millicpu", "online (non-dedicated, non-reclaimed) cpu use")
             g.add_metric([], agent.online_millicpu)
             yield g
+            pusher = getattr(agent, "pusher", None)
+            if pusher is not None:
+                records = pusher.records()
+                sent = CounterMetricFamily("tidal_push_sent", "capacity pushes an offline system took",
+                                           labels=["kind", "target"])
+                failed = CounterMetricFamily("tidal_push_failures", "capacity pushes that failed",
+                                             labels=["kind", "target"])
+                failing = GaugeMetricFamily("tidal_push_failing", "1 while a target's last push failed",
+                                            labels=["kind", "target"])
+                for r in records:
+                    sent.add_metric([r["kind"], r["name"]], r["sent"])
+                    failed.add_metric([r["kind"], r["name"]], r["failures"])
+                    failing.add_metric([r["kind"], r["name"]], 1 if r["consecutive_failures"] else 0)
+                yield sent
+                yield failed
+                yield failing
             g = GaugeMetricFamily("tidal_node_state", "1 for the node's lending state", labels=["state"])
             for name in NODE_STATES:
                 g.add_metric([name], 1 if agent.lending.current.state == name else 0)

@@ -52,7 +52,11 @@ class Eviction:
         self.forget(alloc.name)
 
     def overcommit(self, now: float) -> None:
-        capacity = self.owner.state.reclaim_millicpu
+        # what the kernel lets reclaimed work use (the unrounded estimate), not the whole cores offline
+        # systems are told: work that fits the quota is throttled, not over-committed
+        capacity = self.enforcement.limits()[0]
+        if capacity is None:
+            capacity = self.owner.state.reclaim_millicpu
         if capacity is None:
             return
         victims = choose_victims(self.owner.state.allocations, capacity)

@@ -1,7 +1,10 @@
 """Harvest: what online leaves idle, measured, sized and published.
 
 Every period: sample usage (the pools' aggregates; each workload's every
-``usage_period``); online = everything but the reclaimed and dedicated trees;
+``usage_period``); online = everything but the reclaimed and dedicated trees,
+Tidal's helpers and the cgroups declared offline (``--offline-cgroup``: an
+offline system's own daemons and containers where they live outside Tidal's
+tree);
 resize the reclaim pool (``ReclaimSizer``); estimate the reclaimed capacity
 (``CapacityEstimator``; both use THE headroom rule, ``contracts.headroom``);
 publish it (generation, long-pollers, the push to offline agents) when it
@@ -19,16 +22,18 @@ from typing import Any, Callable, Dict, List, Optional
 
 from agent.lending import OFFLINE, NodeLending
 from agent.qrm.policy import State, _layout
-from agent.reporter.capacity import MIB, Capacity, CapacityEstimator, HourlyHistory
+from agent.reporter.capacity import MEMORY_STEP, MIB, Capacity, CapacityEstimator, HourlyHistory
 from agent.reporter.headroom import ReclaimSizer
 from agent.reporter.task_cpus import TaskCpuAttribution, scale_to
 from agent.reporter.usage import UsageSampler
+from agent.isolation.cgroups.desired import HELPERS
 from agent.isolation.cgroups.driver import procs_in_tree
 from agent.services.enforcement import Enforcement
 from agent.services.owner import StateOwner
 
 log = logging.getLogger("tidal.agent")
-TREES = ("reclaimed", "dedicated", "shared", "system")
+TREES = ("reclaimed", "dedicated", "shared", "system", HELPERS)
+NOT_ONLINE = ("reclaimed", "dedicated", HELPERS)  # the trees whose use is not online demand
 
 
 class Harvest:
@@ -58,12 +63,21 @@ class Harvest:
         self.aggregates = [f"{base}/{tree}" for tree in TREES]
         # the pool aggregates are read every period: through files kept open (see usage_reader)
         self._aggregate_readers = {p: self.driver.usage_reader(p) for p in self.aggregates}
-        self._percpu_readers = [self.driver.percpu_reader(f"{base}/{tree}") for tree in ("reclaimed", "dedicated")]
+        self._percpu_readers = [self.driver.percpu_reader(f"{base}/{tree}") for tree in NOT_ONLINE]
+        # cgroups outside Tidal's tree whose use is offline, read from the hierarchies' roots
+        self.offline_cgroups = tuple(p.strip("/") for p in getattr(config, "offline_cgroups", ()) or ())
+        self.offline_usage: Dict[str, Optional[int]] = {}
+        rooted = self.driver.root_view() if self.offline_cgroups else None
+        self._rooted = rooted
+        self._offline_readers = {p: rooted.usage_reader(p) for p in self.offline_cgroups}
+        self._offline_percpu = [rooted.percpu_reader(p) for p in self.offline_cgroups]
         # v2 has no per-cpu counter: per-thread run time, where the driver can list a tree's processes
         self._tasks = None
         if self.driver.version == 2 and getattr(self.driver, "fs", None) is not None and self.driver.fs.is_live:
-            self._tasks = TaskCpuAttribution(lambda: [pid for tree in ("reclaimed", "dedicated")
-                                                      for pid in procs_in_tree(self.driver, f"{base}/{tree}")])
+            self._tasks = TaskCpuAttribution(lambda: [
+                *(pid for tree in NOT_ONLINE for pid in procs_in_tree(self.driver, f"{base}/{tree}")),
+                *(pid for path in self.offline_cgroups if self._rooted.present(path)
+                  for pid in procs_in_tree(self._rooted, path))])
 
     def start(self) -> Optional[str]:
         """Ready to sample; a warning line when the usage history was unusable."""
@@ -78,9 +92,12 @@ class Harvest:
 
     def sample(self, now: float, epoch: float, workload_paths) -> bool:
         """One usage sample (False when there is none yet: the first period)."""
+        offline_before = self._offline_counters()
         sample = self.sampler.sample(now, [*self.aggregates, *workload_paths])
         if sample is None:
+            self._offline_last = (now, offline_before)
             return False
+        self._offline_rates(now, offline_before)
         self.usage.update(sample.per_cgroup_millicpu)
         self.cpu_usage = sample.per_cpu_millicpu
         self._observe(sample, now, epoch)
@@ -91,11 +108,25 @@ class Harvest:
         self.sampler.forget(live)
         self.usage = {p: v for p, v in self.usage.items() if p in live}
 
+    def _offline_counters(self) -> Dict[str, Optional[int]]:
+        return {path: read() for path, read in self._offline_readers.items()}
+
+    def _offline_rates(self, now: float, counters: Dict[str, Optional[int]]) -> None:
+        """Each declared offline cgroup's millicpu since the last sample (None while it is missing)."""
+        last_time, last = getattr(self, "_offline_last", (None, {}))
+        self._offline_last = (now, counters)
+        for path, value in counters.items():
+            before = last.get(path)
+            if value is None or before is None or last_time is None or now <= last_time:
+                self.offline_usage[path] = None if value is None else self.offline_usage.get(path, 0)
+                continue
+            self.offline_usage[path] = max(0, round((value - before) / 1e6 / (now - last_time)))
+
     def _observe(self, sample, now: float, epoch: float) -> None:
         base = self.enforcement.base
-        offline = sample.per_cgroup_millicpu.get(f"{base}/reclaimed", 0)
-        dedicated = sample.per_cgroup_millicpu.get(f"{base}/dedicated", 0)
-        self.online_millicpu = max(0, sample.total_millicpu - offline - dedicated)
+        not_online = sum(sample.per_cgroup_millicpu.get(f"{base}/{tree}", 0) for tree in NOT_ONLINE)
+        declared = sum(v or 0 for v in self.offline_usage.values())
+        self.online_millicpu = max(0, sample.total_millicpu - not_online - declared)
         try:
             import psutil
 
@@ -104,6 +135,7 @@ class Harvest:
         except Exception:  # noqa: BLE001
             used = 0
         offline_bytes = self.driver.memory_usage_bytes(f"{base}/reclaimed") or 0
+        offline_bytes += sum(self._rooted.memory_usage_bytes(p) or 0 for p in self.offline_cgroups)
         self.online_bytes = max(0, used - offline_bytes)
         self.estimator.observe(now, epoch, self.online_millicpu, self.online_bytes, self._online_per_node(sample, now))
         hour = self.estimator.history.key(epoch)
@@ -141,17 +173,31 @@ class Harvest:
                 return None
             charged = self._tasks.sample()
             base = self.enforcement.base
-            total = sum(sample.per_cgroup_millicpu.get(f"{base}/{tree}", 0) for tree in ("reclaimed", "dedicated"))
+            total = sum(sample.per_cgroup_millicpu.get(f"{base}/{tree}", 0) for tree in NOT_ONLINE)
+            total += sum(v or 0 for v in self.offline_usage.values())
             if total and not charged:
                 return None  # the first sample, or threads too short-lived to be seen
             return scale_to(charged, total)
-        total_ns = [sum(values) for values in zip(*other)]
+        # each counter's own delta: a declared offline cgroup that appears or goes counts from its next sample
+        counters = {i: v for i, v in enumerate(other)}
+        counters.update({("offline", i): v for i, v in enumerate(read() for read in self._offline_percpu)
+                         if v is not None and len(v) == len(other[0])})
         last = self._percpu_last
-        self._percpu_last = (now, total_ns)
-        if last is None or now <= last[0] or len(last[1]) != len(total_ns):
+        self._percpu_last = (now, counters)
+        if last is None or now <= last[0]:
             return None
         elapsed = now - last[0]
-        return {cpu: (total_ns[cpu] - last[1][cpu]) / 1e9 / elapsed * 1000 for cpu in range(len(total_ns))}
+        width = len(other[0])
+        out = [0.0] * width
+        for key, values in counters.items():
+            before = last[1].get(key)
+            if before is None or len(before) != width:
+                if not isinstance(key, tuple):
+                    return None  # one of Tidal's own trees without a previous reading: not known yet
+                continue
+            for cpu in range(width):
+                out[cpu] += values[cpu] - before[cpu]
+        return {cpu: out[cpu] / 1e9 / elapsed * 1000 for cpu in range(width)}
 
     def resize(self) -> None:
         """The reclaim pool's size from online's demand (the sizer); lent: all but what shared needs."""
@@ -195,8 +241,23 @@ class Harvest:
             reserve = max(1024 * MIB, total // 20)
         return cpus * 1000, max(0, total - reserve)
 
+    def lent_whole(self, state: State) -> Capacity:
+        """Lent (``Offline``): the whole machine less the reserved pool, cpu and memory, whatever
+        online used before: online work is gone, and offline may fill the node."""
+        topo = self.owner.topology
+        lay = _layout(topo, state)
+        millicpu = max(0, len(topo.online_cpus()) - len(lay.reserved)) * 1000
+        memory = self.allocatable(state)[1] // MEMORY_STEP * MEMORY_STEP
+        total_cpus = max(1, len(topo.online_cpus()))
+        numa = tuple((node.id, len(node.cpus) * millicpu // total_cpus // 1000 * 1000,
+                      int(memory * len(node.cpus) / total_cpus) // MEMORY_STEP * MEMORY_STEP)
+                     for node in topo.numa_nodes)
+        return Capacity(millicpu, memory, "lent", numa, limit_millicpu=millicpu)
+
     def estimate(self, state: State, now: float, epoch: float) -> Capacity:
         topo = self.owner.topology
+        if self.lending.current.state == OFFLINE:
+            return self.lent_whole(state)
         requests = (state.totals.shared_millicpu, self.online_bytes)
         allocatable = self.allocatable(state)
         numa = []

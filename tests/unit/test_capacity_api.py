@@ -61,10 +61,13 @@ def test_capacity_shapes(agent):
     assert reclaimed["millicpu"] == 8000  # nothing online yet: every cpu, reserved included, at idle priority
     assert [n["id"] for n in reclaimed["numa"]] == [0, 1] and sum(n["millicpu"] for n in reclaimed["numa"]) <= 8000
     status, yarn = get(agent, "/v1/capacity?format=yarn")
-    assert yarn == {"vcores": 8, "memory-mb": reclaimed["memory_bytes"] // 2 ** 20}
+    assert yarn == {"resource": {"vCores": 8, "memory": reclaimed["memory_bytes"] // 2 ** 20}, "overCommitTimeout": -1}
     status, mesos = get(agent, "/v1/capacity?format=mesos")
     assert mesos["resources"][0] == {"name": "cpus", "type": "SCALAR", "scalar": {"value": 8.0}, "revocable": {}}
     assert mesos["resources"][1]["name"] == "mem"
+    status, bare = get(agent, "/v1/capacity?format=mesos-array&revocable_cpus=2.5&revocable_mem_mb=1024")
+    assert status == 200 and bare[0]["scalar"]["value"] == 5.5
+    assert bare[1]["scalar"]["value"] == reclaimed["memory_bytes"] // 2 ** 20 - 1024
 
 
 @pytest.mark.parametrize("query,message", [
@@ -76,8 +79,12 @@ def test_capacity_shapes(agent):
     ("colour=red", "unknown query parameter"),
     ("format=yarn&format=mesos", "given once"),
     ("format", "malformed query"),
+    ("format=yarn&revocable_cpus=1", "go with format=mesos"),
+    ("format=mesos&revocable_cpus=nan", "finite"),
+    ("format=mesos-array&revocable_mem_mb=-5", ">= 0"),
+    ("format=mesos&revocable_cpus=two", "must be numbers"),
 ], ids=["bad-format", "bad-generation", "negative-timeout", "huge-timeout", "timeout-alone", "unknown",
-        "duplicate", "malformed"])
+        "duplicate", "malformed", "revocable-not-mesos", "revocable-nan", "revocable-negative", "revocable-word"])
 def test_bad_capacity_queries_are_400_and_the_agent_keeps_serving(agent, query, message):
     status, doc = get(agent, f"/v1/capacity?{query}")
     assert status == 400 and message in doc["error"], doc
@@ -155,7 +162,13 @@ def test_lending_round_trip_with_notice_and_a_restart_in_the_middle(tmp_path):
     agent.tick(now=2.0)
     assert agent.lending.current.state == "Offline"
     capacity = client.request("GET", "/v1/capacity")
-    assert capacity["node_state"] == "Offline" and capacity["reclaimed"]["millicpu"] == 8000
+    # lent: the whole machine less the reserved pool (cpu 0), whatever the usage estimate says
+    assert capacity["node_state"] == "Offline" and capacity["reclaimed"]["millicpu"] == 7000
+    agent.sampler.online = 5000  # system work outside Tidal, busy: the lent machine is still offline's
+    agent.tick(now=2.5)
+    capacity = client.request("GET", "/v1/capacity")
+    assert capacity["reclaimed"]["millicpu"] == 7000 and capacity["source"] == "lent"
+    assert client.request("GET", "/v1/capacity?format=yarn")["resource"]["vCores"] == 7
     status, err = client.call("POST", "/v1/workloads", {"name": "web2", "qos": "dedicated_cores", "cpus": 1})
     assert status == 409 and "lent" in err["error"]
     agent.admit({"name": "batch", "qos": "reclaimed_cores", "millicpu": 4000})
@@ -164,6 +177,9 @@ def test_lending_round_trip_with_notice_and_a_restart_in_the_middle(tmp_path):
     assert node["state"] == "OfflineToOnline"
     capacity = client.request("GET", "/v1/capacity")
     assert capacity["target"] == {"millicpu": 0, "memory_bytes": 0} and capacity["deadline"]
+    # every offline shape says the target at the start of the notice (YARN: its minimum allocation)
+    assert client.request("GET", "/v1/capacity?format=yarn")["resource"] == {"vCores": 1, "memory": 1024}
+    assert [r["scalar"]["value"] for r in client.request("GET", "/v1/capacity?format=mesos")["resources"]] == [0, 0]
     agent.shutdown()
     assert agent.lending.wait_hooks()  # the restart's hooks come after the first agent's
     # the agent restarts in the middle of the notice window
@@ -224,8 +240,9 @@ def test_push_command_gets_the_yarn_body(tmp_path):
         while agent.pusher.sent < 1 and time.monotonic() < deadline:
             time.sleep(0.05)
         body = json.loads(out.read_text())
-        assert body == {"vcores": agent.capacity.millicpu // 1000, "memory-mb": agent.capacity.memory_bytes // 2 ** 20}
-        assert (tmp_path / "pushed.json.env").read_text().split()[-1] == str(body["vcores"])
+        assert body == {"resource": {"vCores": agent.capacity.millicpu // 1000,
+                                     "memory": agent.capacity.memory_bytes // 2 ** 20}, "overCommitTimeout": -1}
+        assert (tmp_path / "pushed.json.env").read_text().split()[-1] == str(body["resource"]["vCores"])
     finally:
         agent.shutdown()
 
@@ -259,7 +276,8 @@ def test_cli_capacity_and_node(agent):
     runner = CliRunner()
     sock = agent.config.socket_path
     out = runner.invoke(main, ["capacity", "--socket", sock, "--format", "yarn"])
-    assert out.exit_code == 0 and json.loads(out.output) == {"vcores": 8, "memory-mb": agent.capacity.memory_bytes // 2 ** 20}
+    assert out.exit_code == 0 and json.loads(out.output) == {"resource": {"vCores": 8, "memory": agent.capacity.memory_bytes // 2 ** 20},
+                                                           "overCommitTimeout": -1}
     out = runner.invoke(main, ["capacity", "--socket", sock])
     assert out.exit_code == 0 and "Online  reclaimed 8 cpus" in out.output
     out = runner.invoke(main, ["node", "lend", "--socket", sock, "--notice", "-1s"])

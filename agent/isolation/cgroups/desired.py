@@ -38,6 +38,8 @@ from agent.topology.parse import format_cpulist
 
 from agent.isolation.cgroups.layout import TIERS, workload_path
 
+HELPERS = "helpers"  # <base>/helpers: Tidal's own helper processes
+
 __all__ = ["CgroupOptions", "CgroupSpec", "desired_tree", "partitions", "reclaimed_cpus", "SHARES_PER_CPU"]
 
 CPU_PERIOD_US = 100_000
@@ -127,6 +129,9 @@ def desired_tree(topo: Topology, state: State, pools: Pools, options: CgroupOpti
     specs = [
         CgroupSpec(base, {"cpus": online, "mems": mems_all, **exclusive}),
         CgroupSpec(f"{base}/system", {"cpus": system, "mems": mems_all}),
+        # Tidal's own helpers (push commands, lending hooks): beside system, counted as neither online nor
+        # offline (agent.helper_process)
+        CgroupSpec(f"{base}/{HELPERS}", {"cpus": system, "mems": mems_all}),
         CgroupSpec(f"{base}/dedicated", {"cpus": dedicated, "mems": mems_all, **exclusive}),
         CgroupSpec(f"{base}/shared", {"cpus": shared, "mems": mems_all}),
         CgroupSpec(f"{base}/reclaimed", reclaimed_parent),

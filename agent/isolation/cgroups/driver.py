@@ -96,6 +96,11 @@ class KernelCgroups:
     def where(self, path: str) -> Dict[str, str]:
         return {c or "unified": self._dir(c, path) for c in self.controllers}
 
+    def root_view(self) -> "KernelCgroups":
+        """The same hierarchies seen from their roots: for reading cgroups outside Tidal's tree
+        (``--offline-cgroup``), whatever the tree's parent."""
+        return KernelCgroups(self.mounts, self.fs, parent="/", mirror_unified=False)
+
     def prepare(self, base: str) -> List[int]:
         """Check, before anything is made, that Tidal's tree can live under its parent, and on v2 keep
         the "no internal processes" rule: a non-root cgroup that enables controllers for its children
@@ -539,6 +544,9 @@ class RecordingCgroups:
 
     def where(self, path: str) -> Dict[str, str]:
         return {"recorded": path}
+
+    def root_view(self) -> "RecordingCgroups":
+        return self
 
     def membership_dir(self, path: str) -> Optional[str]:
         return None
