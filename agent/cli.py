@@ -452,6 +452,20 @@ def status(socket_path: str, as_json: bool) -> None:
             click.echo(f"  {path}: plain cpuset, partition refused: {reason}")
     for name in ("reserved", "shared", "reclaimed", "dedicated"):
         click.echo(f"  {name:<10} {pools_[name] or '-'}")
+    if "online_millicpu" in data:
+        declared = ", ".join(f"{c['path']} {'-' if c['millicpu'] is None else str(c['millicpu']) + 'm'}"
+                             for c in data.get("offline_cgroups", []))
+        click.echo(f"online use {data['online_millicpu']}m" + (f"; declared offline: {declared}" if declared else ""))
+    for target in data.get("push", []):
+        sent = target.get("last_sent") or {}
+        figures = f"{sent['vcores']} vcores, {sent['memory_mb']} MB" if "vcores" in sent else "-"
+        line = (f"push {target['kind']} {target['name']}: sent {target['sent']}, failures {target['failures']}, "
+                f"last sent {figures}")
+        if target.get("node_id"):
+            line += f" to node {target['node_id']}" + (" (floored at YARN's minimum)" if target.get("floored") else "")
+        if target["consecutive_failures"]:
+            line += f"; FAILING: {target['last_error']}"
+        click.echo(line)
     click.echo("")
     rows = [("CPU", "NUMA", "CORE", "POOL", "WORKLOAD", "USAGE")]
     for c in data["cpus"]:

@@ -67,6 +67,7 @@ class Harvest:
         # cgroups outside Tidal's tree whose use is offline, read from the hierarchies' roots
         self.offline_cgroups = tuple(p.strip("/") for p in getattr(config, "offline_cgroups", ()) or ())
         self.offline_usage: Dict[str, Optional[int]] = {}
+        self._offline_last: tuple = (None, {})  # (time, counters) of the previous sample
         rooted = self.driver.root_view() if self.offline_cgroups else None
         self._rooted = rooted
         self._offline_readers = {p: rooted.usage_reader(p) for p in self.offline_cgroups}
@@ -113,7 +114,7 @@ class Harvest:
 
     def _offline_rates(self, now: float, counters: Dict[str, Optional[int]]) -> None:
         """Each declared offline cgroup's millicpu since the last sample (None while it is missing)."""
-        last_time, last = getattr(self, "_offline_last", (None, {}))
+        last_time, last = self._offline_last
         self._offline_last = (now, counters)
         for path, value in counters.items():
             before = last.get(path)

@@ -225,6 +225,17 @@ def test_push_to_an_unreachable_url_never_blocks_the_loop(tmp_path):
         while agent.pusher.failures < 2 and time.monotonic() < deadline:
             time.sleep(0.1)
         assert agent.pusher.failures >= 2 and agent.pusher.sent == 0  # retried, with backoff
+        from click.testing import CliRunner
+
+        from agent.cli import main
+
+        out = CliRunner().invoke(main, ["status", "--socket", agent.config.socket_path]).output
+        assert "push url http://127.0.0.1:9/capacity: sent 0" in out and "FAILING:" in out, out
+        from agent.reporter.metrics import render
+
+        text = render(agent).decode()
+        assert 'tidal_push_failing{kind="url",target="http://127.0.0.1:9/capacity"} 1.0' in text, text
+        assert 'tidal_push_sent_total{kind="url",target="http://127.0.0.1:9/capacity"} 0.0' in text
         assert get(agent, "/v1/health")[0] == 200
     finally:
         agent.shutdown()
@@ -243,6 +254,12 @@ def test_push_command_gets_the_yarn_body(tmp_path):
         assert body == {"resource": {"vCores": agent.capacity.millicpu // 1000,
                                      "memory": agent.capacity.memory_bytes // 2 ** 20}, "overCommitTimeout": -1}
         assert (tmp_path / "pushed.json.env").read_text().split()[-1] == str(body["resource"]["vCores"])
+        from click.testing import CliRunner
+
+        from agent.cli import main
+
+        out = CliRunner().invoke(main, ["status", "--socket", agent.config.socket_path]).output
+        assert f"push command sh: sent 1, failures 0, last sent {body['resource']['vCores']} vcores" in out, out
     finally:
         agent.shutdown()
 

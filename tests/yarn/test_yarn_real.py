@@ -28,11 +28,12 @@ import pytest
 from agent.client import AgentClient
 from agent.isolation.cgroups.detect import detect
 from agent.topology import HostFS
+from tests.conftest import privileged
 from tests.offline_cgroup import OfflineCgroup
 from tests.yarn.hadoop import Yarn
 from tests.yarn.hadoop import testbin as find_testbin
 
-pytestmark = [pytest.mark.privileged, pytest.mark.yarn]
+pytestmark = [pytest.mark.privileged, pytest.mark.yarn, privileged]
 GIB = 2 ** 30
 
 
