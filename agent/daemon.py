@@ -32,10 +32,9 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Dict, List, Optional
 
 from agent.errors import AdmissionError, Conflict, NotFound, TidalError, Unfit  # noqa: F401 - part of the face
-from agent.isolation.cgroups.desired import CgroupOptions
-from agent.isolation.cgroups.detect import CgroupError, detect
 from agent.helper_process import HelperJoin
-from agent.isolation.cgroups.desired import HELPERS
+from agent.isolation.cgroups.desired import HELPERS, CgroupOptions
+from agent.isolation.cgroups.detect import CgroupError, detect
 from agent.isolation.cgroups.driver import CgroupDriver, KernelCgroups
 from agent.isolation.cgroups.layout import check_base
 from agent.isolation.cgroups.reconcile import ReconcileReport

@@ -84,14 +84,22 @@ def test_online_load_shrinks_lending_and_evicts_low_first(tmp_path):
         assert woken["doc"]["reclaimed"]["millicpu"] < before["reclaimed"]["millicpu"]
         assert shrunk_after < config.period
         deadline = time.monotonic() + 10
-        while len(agent.evictions) < 3 and time.monotonic() < deadline:
+        while not agent.evictions and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert [e["tier"] for e in agent.evictions] == ["low", "min", "high"]
-        for proc in offline.values():
-            proc.wait(timeout=5)  # killed
-        assert offline["low"].returncode == -9
+        time.sleep(2 * config.period)  # the rest of the eviction pass, if it takes more than one
+        # evicted by tier, low first, until what is left fits the quota the kernel enforces (the unrounded
+        # capacity: work that fits it is throttled, not evicted)
+        tiers = [e["tier"] for e in agent.evictions]
+        assert tiers and tiers == ["low", "min", "high"][:len(tiers)], tiers
+        left = [t for t in ("low", "min", "high") if t not in tiers]
+        quota = agent.harvest.limits()[0]
+        assert 300 * len(left) <= quota, (tiers, quota)
+        for tier in tiers:
+            offline[tier].wait(timeout=5)  # killed
+            assert offline[tier].returncode == -9
+        assert all(offline[t].poll() is None for t in left)  # the rest run on, throttled
         assert online.poll() is None  # online untouched
-        assert agent.evictions_by_tier == {"low": 1, "min": 1, "high": 1}
+        assert agent.evictions_by_tier == {t: int(t in tiers) for t in ("low", "min", "high")}
     finally:
         stop.set()
         for proc in procs:

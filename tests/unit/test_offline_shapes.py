@@ -82,6 +82,9 @@ class FakeRM:
                 path = self.path.split("?")[0]
                 if path == "/ws/v1/cluster/nodes":
                     return self.answer(200, {"nodes": {"node": rm.nodes}})
+                for node in rm.nodes:
+                    if path == f"/ws/v1/cluster/nodes/{node['id']}":
+                        return self.answer(200, {"node": node})
                 if path == "/conf":  # the RM's answer to /conf?name=KEY
                     key = self.path.split("name=", 1)[1].split("&")[0]
                     value = {"yarn.scheduler.minimum-allocation-vcores": rm.minimum[0],
