@@ -11,7 +11,7 @@
 | GET    | /v1/capacity[?format=yarn|mesos|mesos-array][&wait_generation=N&timeout=S] | | 200 reclaimed capacity (long-poll) |
 | GET    | /v1/node                      |                     | 200 node state (lending)         |
 | POST   | /v1/node/lend, /v1/node/reclaim | {"notice": "60s"} | 200; 409 wrong state             |
-| GET    | /v1/evictions                 |                     | 200 recent evictions, by tier    |
+| GET    | /v1/evictions                 |                     | 200 recent evictions, by tier and cause |
 | GET    | /v1/net                       |                     | 200 traffic classes per NIC      |
 
 Errors are JSON ``{"error": "<one line>"}`` with 400 (malformed or invalid
@@ -58,6 +58,7 @@ class AgentFace(Protocol):
 
     evictions: List[Dict[str, Any]]
     evictions_by_tier: Dict[str, int]
+    evictions_by_cause: Dict[str, int]
 
     def status(self) -> Dict[str, Any]: ...
     def capacity_doc(self) -> Dict[str, Any]: ...
@@ -165,7 +166,8 @@ class _Handler(BaseHTTPRequestHandler):
             if method == "POST" and route == ["node", "reclaim"]:
                 return self._send(200, agent.take_back(_notice(self._body())))
             if method == "GET" and route == ["evictions"]:
-                return self._send(200, {"evictions": agent.evictions, "by_tier": agent.evictions_by_tier})
+                return self._send(200, {"evictions": agent.evictions, "by_tier": agent.evictions_by_tier,
+                                        "by_cause": agent.evictions_by_cause})
             if method == "GET" and route == ["net"]:
                 return self._send(200, agent.net_status())
             if method == "GET" and route == ["workloads"]:

@@ -178,6 +178,13 @@ def parse_reserved(value: Optional[str]):
                    "memory are offline work's, not online demand. Repeatable; may not exist yet.")
 @click.option("--eviction-grace", default=10.0, show_default=True, type=click.FloatRange(0, 3600),
               help="Seconds over-committed reclaimed work is throttled before whole workloads are evicted.")
+@click.option("--memory-evict-below", default=None, metavar="SIZE",
+              help="Evict reclaimed work (by tier, the largest first) when the node's available memory falls "
+                   "under this, e.g. 512Mi or 1Gi (default: 2% of memory, 256Mi to 2Gi; above the kubelet's "
+                   "100Mi, so offline work goes first).")
+@click.option("--memory-pressure-threshold", default=20.0, show_default=True, type=click.FloatRange(0, 100),
+              help="Evict one reclaimed workload per --eviction-grace while online tasks stall on memory this "
+                   "share of the time (percent, PSI of the online cgroups; 0: off).")
 @click.option("--online-policy", default="wait", show_default=True, type=click.Choice(["wait", "evict"]),
               help="Lending: wait for online workloads to finish, or evict them when the notice ends.")
 @click.option("--hook", "hooks", multiple=True, metavar="STATE=JSON-ARGV",
@@ -215,7 +222,7 @@ def agent(root: str, socket_path: str, state_dir: str, reserved_cpus, period: fl
           socket_group, cgroup_base: str,
           cgroup_parent: str, no_resize: bool, revert: bool, push_command, push_url, push_format: str,
           push_resend: float, yarn_rm, yarn_node_id, yarn_node_host, offline_cgroups, eviction_grace: float,
-          online_policy: str, hooks, guard_interval: float, no_confine_self: bool, record_cgroups: bool,
+          memory_evict_below, memory_pressure_threshold: float, online_policy: str, hooks, guard_interval: float, no_confine_self: bool, record_cgroups: bool,
           dedicated_partition: str,
           online_nic, offline_nic, offline_gateway, net_netns, no_ingress_shaping: bool, kube_node, kubeconfig,
           kubelet_cgroup_driver, topology_policy: str, log_level: str) -> None:
@@ -235,7 +242,9 @@ def agent(root: str, socket_path: str, state_dir: str, reserved_cpus, period: fl
                          push_format=push_format, push_resend=push_resend,
                          yarn_rm=check_yarn_rm(yarn_rm, yarn_node_id, yarn_node_host), yarn_node_id=yarn_node_id,
                          yarn_node_host=yarn_node_host, offline_cgroups=parse_offline_cgroups(offline_cgroups, cgroup_base),
-                         eviction_grace=eviction_grace, online_policy=online_policy, hooks=parse_hooks(hooks),
+                         eviction_grace=eviction_grace,
+                         memory_evict_below=parse_size("--memory-evict-below", memory_evict_below),
+                         memory_pressure_threshold=memory_pressure_threshold, online_policy=online_policy, hooks=parse_hooks(hooks),
                          guard_interval=guard_interval, socket_group=group_id(socket_group),
                          tcp_token=tcp_token(tcp_port, tcp_token_file),
                          net=net_config(online_nic, offline_nic, offline_gateway, net_netns, not no_ingress_shaping))
@@ -269,6 +278,22 @@ def check_yarn_rm(url: Optional[str], node_id: Optional[str], node_host: Optiona
     if node_id is not None and not re.fullmatch(r"[A-Za-z0-9.\-_]+:[0-9]{1,5}", node_id):
         raise TidalError(f"--yarn-node-id: expected HOST:PORT as the RM lists nodes, got {node_id!r}")
     return url
+
+
+SIZE_UNITS = {"": 1, "k": 1000, "m": 1000 ** 2, "g": 1000 ** 3, "ki": 1 << 10, "mi": 1 << 20, "gi": 1 << 30}
+
+
+def parse_size(option: str, value: Optional[str]) -> Optional[int]:
+    """A memory size as Kubernetes writes it (``512Mi``, ``1Gi``, ``2G``, bytes), at least 1 MiB."""
+    if value is None:
+        return None
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMG]i?|[kmg]i?)?\s*", value)
+    if not match:
+        raise TidalError(f"{option}: expected a size such as 512Mi or 1Gi, got {value!r}")
+    size = int(float(match.group(1)) * SIZE_UNITS[(match.group(2) or "").lower()])
+    if size < (1 << 20):
+        raise TidalError(f"{option}: {value!r} is under 1Mi")
+    return size
 
 
 def parse_offline_cgroups(paths, base: str = "tidal") -> tuple:
@@ -456,6 +481,19 @@ def status(socket_path: str, as_json: bool) -> None:
         declared = ", ".join(f"{c['path']} {'-' if c['millicpu'] is None else str(c['millicpu']) + 'm'}"
                              for c in data.get("offline_cgroups", []))
         click.echo(f"online use {data['online_millicpu']}m" + (f"; declared offline: {declared}" if declared else ""))
+    memory = data.get("memory")
+    if memory:
+        gib = lambda n: "-" if n is None else f"{n / 2 ** 30:.1f} GiB"  # noqa: E731
+        pressure = memory["online_pressure_percent"]
+        click.echo(f"memory available {gib(memory['available_bytes'])} of {gib(memory['total_bytes'])} "
+                   f"(reclaimed work evicted under {gib(memory['evict_below_bytes'])}); online "
+                   f"{gib(memory['online_bytes'])}, reclaimed {gib(memory['reclaimed_bytes'])}; online memory "
+                   f"pressure " + ("- (no PSI)" if pressure is None and memory["pressure_scope"] is None else
+                                   f"{'-' if pressure is None else f'{pressure:.1f}%'} "
+                                   f"({memory['pressure_scope']}; evicts at {memory['pressure_threshold_percent']:g}%)"))
+    causes = {k: v for k, v in (data.get("evictions_by_cause") or {}).items() if v}
+    if causes:
+        click.echo("evictions " + ", ".join(f"{cause} {count}" for cause, count in causes.items()))
     for target in data.get("push", []):
         sent = target.get("last_sent") or {}
         figures = f"{sent['vcores']} vcores, {sent['memory_mb']} MB" if "vcores" in sent else "-"

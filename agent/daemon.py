@@ -75,6 +75,8 @@ class AgentConfig:
     record_cgroups: bool = False  # keep cgroup writes in memory (dry runs, end-to-end tests off the host)
     confine_self: bool = False  # move the agent itself into <base>/system (the reserved pool)
     eviction_grace: float = 10.0  # over-committed reclaimed work is throttled this long before eviction
+    memory_evict_below: Optional[int] = None  # evict reclaimed work under this MemAvailable (None: 2%, 256 MiB-2 GiB)
+    memory_pressure_threshold: float = 20.0  # percent of online's memory stall time that evicts reclaimed work (0: off)
     online_policy: str = "wait"  # lending: "wait" for online workloads to finish, or "evict" them at the notice end
     hooks: Dict[str, List[str]] = field(default_factory=dict)  # node state -> argv run on entering it
     memory_reserved_bytes: Optional[int] = None  # kept from offline agents (default: 5% of memory, at least 1 GiB)
@@ -179,6 +181,7 @@ class Agent:
     seen_procs = property(lambda self: self.admission.seen_procs)
     evictions = property(lambda self: self.eviction.evictions)
     evictions_by_tier = property(lambda self: self.eviction.by_tier)
+    evictions_by_cause = property(lambda self: self.eviction.by_cause)
 
     @property
     def sampler(self):
@@ -265,14 +268,16 @@ class Agent:
     def _build_services(self) -> None:
         cfg, owner = self.config, self.owner
         self.enforcement = Enforcement(owner, self.driver, cfg.cgroup_base, cfg.cgroup_options, cfg.state_dir,
-                                       cfg.drift_check_period, self.counters, limits=lambda: self.harvest.limits())
+                                       cfg.drift_check_period, self.counters, limits=lambda: self.harvest.limits(),
+                                       protection=lambda: self.harvest.protection())
         self.harvest = Harvest(owner, self.enforcement, self.lending, cfg, self.counters,
                                os.path.join(cfg.state_dir, "history.json"))
         if self.pusher is not None:
             self.harvest.on_change = lambda: self.pusher.submit(self.capacity_doc())
         self.admission = Admission(owner, self.enforcement, self.harvest, self.lending, cfg.empty_grace,
                                    self.counters)
-        self.eviction = Eviction(owner, self.enforcement, cfg.eviction_grace, self.admission.forget)
+        self.eviction = Eviction(owner, self.enforcement, cfg.eviction_grace, self.admission.forget,
+                                 cfg.memory_evict_below, cfg.memory_pressure_threshold)
         self.node = Lending(owner, self.lending, self.eviction, self.harvest, self.enforcement, cfg.online_policy)
 
     def _start_net(self) -> None:
@@ -366,7 +371,9 @@ class Agent:
                 "reclaim_cpus_target": self.state.reclaim_cpus, "reclaimed_capacity_millicpu": self.state.reclaim_millicpu,
                 "workloads": len(self.state.allocations), "workloads_by_source": sources,
                 "cpus": cpus, "counters": dict(self.counters),
-                "evictions_by_tier": dict(self.evictions_by_tier), "recent_evictions": self.evictions[-20:],
+                "evictions_by_tier": dict(self.evictions_by_tier), "evictions_by_cause": dict(self.evictions_by_cause),
+                "recent_evictions": self.evictions[-20:],
+                "memory": self.memory_status(),
                 "node_state": self.lending.current.state,
                 "online_millicpu": self.harvest.online_millicpu,
                 "offline_cgroups": [{"path": p, "millicpu": self.harvest.offline_usage.get(p)}
@@ -375,6 +382,17 @@ class Agent:
                 "last_reconcile_ms": round(self.last_reconcile_ms, 3),
                 "state_file": self.store.path, "socket": self.config.socket_path,
             }
+
+    def memory_status(self) -> Dict[str, Any]:
+        """The node's memory as the eviction causes see it (status, metrics)."""
+        total = self.harvest.memory_total()
+        meter = self.harvest.memory_pressure
+        return {"total_bytes": total, "available_bytes": self.harvest.available_bytes,
+                "evict_below_bytes": self.eviction.watermark(total),
+                "online_bytes": self.harvest.online_bytes,
+                "reclaimed_bytes": self.driver.memory_usage_bytes(f"{self.config.cgroup_base}/reclaimed"),
+                "online_pressure_percent": meter.percent, "online_pressure_avg10": meter.avg10,
+                "pressure_scope": meter.scope, "pressure_threshold_percent": self.eviction.memory_pressure_threshold}
 
     # ---- the loop ----------------------------------------------------------
 
@@ -401,6 +419,9 @@ class Agent:
                 self.harvest.resize()
             self.harvest.refresh(now, epoch)
             self.eviction.overcommit(now)
+            # memory runs out in seconds: the available figure is read every period, not sampled
+            self.eviction.memory(now, self.harvest.read_available(), self.harvest.memory_total(),
+                                 self.harvest.memory_pressure.percent)
             self.node.advance(epoch)
             self.reconcile()
         if self.net is not None:

@@ -1,7 +1,8 @@
 """Prometheus metrics of the agent (``GET /metrics``), read from its state at scrape time.
 
 A custom collector over the agent (no background updating): pool sizes per
-NUMA node, reclaimed capacity, per-workload usage, evictions by tier,
+NUMA node, reclaimed capacity, per-workload usage, evictions by tier and cause,
+the node's available memory, online memory pressure,
 reconcile duration and count, drift repairs, node state.
 """
 
@@ -63,6 +64,22 @@ class AgentCollector(Collector):
             for tier, count in agent.evictions_by_tier.items():
                 ev.add_metric([tier], count)
             yield ev
+            ev = CounterMetricFamily("tidal_evictions_by_cause", "workloads evicted, by cause (cpu: over-committed "
+                                     "capacity; memory: under the watermark; pressure: online memory stalls; "
+                                     "lending: a notice's end)", labels=["cause"])
+            for cause, count in agent.evictions_by_cause.items():
+                ev.add_metric([cause], count)
+            yield ev
+            memory = agent.memory_status()
+            for name, key, text in (
+                    ("tidal_memory_available_bytes", "available_bytes", "the node's available memory (MemAvailable)"),
+                    ("tidal_memory_evict_below_bytes", "evict_below_bytes", "available memory under which reclaimed work is evicted"),
+                    ("tidal_online_memory_pressure_percent", "online_pressure_percent",
+                     "share of the last period some online task stalled on memory (PSI), worst online cgroup")):
+                if memory[key] is not None:
+                    g = GaugeMetricFamily(name, text)
+                    g.add_metric([], memory[key])
+                    yield g
             c = CounterMetricFamily("tidal_reconciles", "reconcile passes")
             c.add_metric([], agent.counters["reconciles"])
             yield c

@@ -30,13 +30,16 @@ log = logging.getLogger("tidal.agent")
 class Enforcement:
     def __init__(self, owner: StateOwner, driver: CgroupDriver, base: str, options: CgroupOptions, state_dir: str,
                  drift_check_period: float, counters: Dict[str, int],
-                 limits: Callable[[], Tuple[Optional[int], Optional[int]]]) -> None:
-        """``limits()``: the reclaimed parent's (cpu cap millicpu, memory max bytes) now."""
+                 limits: Callable[[], Tuple[Optional[int], Optional[int]]],
+                 protection: Callable[[], Tuple[Tuple[str, int], ...]] = tuple) -> None:
+        """``limits()``: the reclaimed parent's (cpu cap millicpu, memory max bytes) now;
+        ``protection()``: the online trees' ``memory.low`` now, ``((tree, bytes), ...)``."""
         self.owner = owner
         self.driver = driver
         self.base = base
         self.options = options
         self.drift_check_period = drift_check_period
+        self.protection = protection
         self.counters = counters
         self.limits = limits
         self.reconciler = Reconciler(driver, base)
@@ -82,7 +85,8 @@ class Enforcement:
             if verify:
                 self._last_verify = start
             cap, memory = self.limits()  # the reclaimed parent's cpu and memory limits: the current capacity
-            options = replace(self.options, base=self.base, reclaimed_cap_millicpu=cap, reclaimed_memory_max=memory)
+            options = replace(self.options, base=self.base, reclaimed_cap_millicpu=cap, reclaimed_memory_max=memory,
+                              online_memory_low=self.protection())
             # the state object itself, compared by identity (an id() could be reused once freed); with
             # placements the Reconciler looks every pass (a pod's cgroups appear when the kubelet makes them)
             last = self._reconciled_key

@@ -24,16 +24,20 @@ from agent.lending import OFFLINE, NodeLending
 from agent.qrm.policy import State, _layout
 from agent.reporter.capacity import MEMORY_STEP, MIB, Capacity, CapacityEstimator, HourlyHistory
 from agent.reporter.headroom import ReclaimSizer
+from agent.reporter.pressure import PressureMeter
 from agent.reporter.task_cpus import TaskCpuAttribution, scale_to
 from agent.reporter.usage import UsageSampler
 from agent.isolation.cgroups.desired import HELPERS
 from agent.isolation.cgroups.driver import procs_in_tree
+from agent.qrm.model import LOCAL, QoS
 from agent.services.enforcement import Enforcement
 from agent.services.owner import StateOwner
 
 log = logging.getLogger("tidal.agent")
 TREES = ("reclaimed", "dedicated", "shared", "system", HELPERS)
 NOT_ONLINE = ("reclaimed", "dedicated", HELPERS)  # the trees whose use is not online demand
+ONLINE_TREES = ("system", "dedicated", "shared")  # latency-sensitive work: its memory is protected
+PROTECTION_STEP = 64 * MIB
 
 
 class Harvest:
@@ -52,6 +56,8 @@ class Harvest:
         self.cpu_usage: Dict[int, int] = {}
         self.online_millicpu = 0
         self.online_bytes = 0
+        self.available_bytes: Optional[int] = None  # the node's MemAvailable (live hosts only)
+        self._protection: Dict[str, int] = {}  # online tree -> memory.low (see protect())
         self.capacity: Optional[Capacity] = None
         self.generation = 0
         self.updated_at = time.time()
@@ -80,6 +86,18 @@ class Harvest:
                 *(pid for path in self.offline_cgroups if self._rooted.present(path)
                   for pid in procs_in_tree(self._rooted, path))])
 
+        # online's memory stall share (PSI), every period: a cause of eviction (services.eviction)
+        self.memory_pressure = PressureMeter(self.driver.pressure, self.online_cgroups, "memory")
+
+    def online_cgroups(self) -> List[str]:
+        """Where online work lives: Tidal's online trees and the cgroups of online pods."""
+        base = self.enforcement.base
+        paths = [f"{base}/{tree}" for tree in ONLINE_TREES]
+        for alloc in self.owner.state.allocations if self.owner.state is not None else ():
+            if alloc.qos is not QoS.RECLAIMED and alloc.source != LOCAL:
+                paths += self.enforcement.cgroups_of(alloc)[:1]
+        return paths
+
     def start(self) -> Optional[str]:
         """Ready to sample; a warning line when the usage history was unusable."""
         self.sampler = UsageSampler(self._cpu_usage_ns, cpu_ids=self.owner.topology.online_cpus())
@@ -93,6 +111,7 @@ class Harvest:
 
     def sample(self, now: float, epoch: float, workload_paths) -> bool:
         """One usage sample (False when there is none yet: the first period)."""
+        self.memory_pressure.sample(now)
         offline_before = self._offline_counters()
         sample = self.sampler.sample(now, [*self.aggregates, *workload_paths])
         if sample is None:
@@ -135,6 +154,7 @@ class Harvest:
             used = memory.total - memory.available
         except Exception:  # noqa: BLE001
             used = 0
+        self.protect()
         offline_bytes = self.driver.memory_usage_bytes(f"{base}/reclaimed") or 0
         offline_bytes += sum(self._rooted.memory_usage_bytes(p) or 0 for p in self.offline_cgroups)
         self.online_bytes = max(0, used - offline_bytes)
@@ -146,6 +166,37 @@ class Harvest:
                 self.estimator.history.save()
             except Exception as exc:  # noqa: BLE001 - a full disk must not stop the loop
                 log.warning("cannot save usage history: %s", exc)
+
+    def read_available(self) -> Optional[int]:
+        """The node's available memory (MemAvailable) now, kept for the status; ``None`` off a live host
+        (a fixture's root or recorded cgroups: the machine's memory is not the node's)."""
+        if self.config.root != "/" or self.config.record_cgroups:
+            return None
+        try:
+            import psutil
+
+            self.available_bytes = psutil.virtual_memory().available
+        except Exception:  # noqa: BLE001
+            self.available_bytes = None
+        return self.available_bytes
+
+    def protect(self) -> None:
+        """Each online tree's ``memory.low``: what it uses, rounded up to ``PROTECTION_STEP``; raised as
+        soon as its use passes it, lowered only once its use is two steps under (few writes). Memory
+        under ``memory.low`` is reclaimed only when nothing unprotected is left: offline work's pages
+        go first. (v2 only; v1 has no such file, and the knob table writes nothing there.)"""
+        base = self.enforcement.base
+        for tree in ONLINE_TREES:
+            used = self.driver.memory_usage_bytes(f"{base}/{tree}")
+            if used is None:
+                continue
+            target = -(-used // PROTECTION_STEP) * PROTECTION_STEP
+            old = self._protection.get(tree)
+            if old is None or target > old or target < old - 2 * PROTECTION_STEP:
+                self._protection[tree] = target
+
+    def protection(self) -> tuple:
+        return tuple(sorted(self._protection.items()))
 
     def _online_per_node(self, sample, now: float) -> Optional[Dict[int, int]]:
         """Online millicpu on each NUMA node's cpus: per-cpu busy less what the reclaimed and

@@ -46,11 +46,11 @@ class Lending:
         action = self.node.advance(epoch, len(online), len(reclaimed), self.online_policy)
         if action == "evict-online":
             for alloc in online:
-                self.eviction.evict(alloc, "the node is being lent and the notice ended", epoch)
+                self.eviction.evict(alloc, "the node is being lent and the notice ended", epoch, cause="lending")
             self.node.advance(epoch, 0, len(reclaimed), self.online_policy)
         elif action == "evict-reclaimed":
             for alloc in reclaimed:
-                self.eviction.evict(alloc, "the node is taken back and the notice ended", epoch)
+                self.eviction.evict(alloc, "the node is taken back and the notice ended", epoch, cause="lending")
             self.node.advance(epoch, len(online), 0, self.online_policy)
         if self.node.current != before:
             log.info("node state %s -> %s", before.state, self.node.current.state)

@@ -45,6 +45,8 @@ __all__ = ["CgroupOptions", "CgroupSpec", "desired_tree", "partitions", "reclaim
 CPU_PERIOD_US = 100_000
 MIN_QUOTA_US = 1_000  # the kernel's minimum cfs quota: 1% of a cpu per period
 TIER_SHARES = {"high": 1024, "min": 256, "low": 64}
+RECLAIMED_HIGH_SHARE = 0.9  # memory.high of the reclaimed parent, as a share of its memory.max
+MIB = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -53,7 +55,8 @@ class CgroupOptions:
     harvest_shared: bool = True  # reclaimed work may use the shared pool's idle time (needs cpu.idle)
     reclaimed_cap_millicpu: Optional[int] = None  # None: the reclaimed cpus' count
     reclaimed_memory_max: Optional[int] = None
-    reclaimed_memory_high: Optional[int] = None
+    reclaimed_memory_high: Optional[int] = None  # None: RECLAIMED_HIGH_SHARE of the max
+    online_memory_low: tuple = ()  # ((tree, bytes), ...): memory.low of the online trees (v2)
     dedicated_partition: str = "root"  # "root", "isolated" or "none" (plain cpusets); see partitions()
 
 
@@ -115,10 +118,25 @@ def desired_tree(topo: Topology, state: State, pools: Pools, options: CgroupOpti
         reclaimed_parent["cpu_idle"] = 1
     else:
         reclaimed_parent["cpu_shares"] = 2
+    protection = dict(options.online_memory_low) if features.get("memory") else {}
     if features.get("memory"):
+        # offline work is throttled and reclaims its own pages (page cache first) at memory.high, before
+        # its max; on v1, a soft limit of 0 makes it the first the kernel reclaims from under global
+        # pressure (the knob table writes each only where the version has it)
         reclaimed_parent["memory_max"] = options.reclaimed_memory_max
-        if options.reclaimed_memory_high is not None:
-            reclaimed_parent["memory_high"] = options.reclaimed_memory_high
+        high = options.reclaimed_memory_high
+        if high is None and options.reclaimed_memory_max is not None:
+            high = int(options.reclaimed_memory_max * RECLAIMED_HIGH_SHARE) // MIB * MIB
+        if high is not None:
+            reclaimed_parent["memory_high"] = high
+        reclaimed_parent["memory_soft_limit"] = 0
+
+    def protected(tree: str) -> Dict[str, object]:
+        """memory.low of an online tree (and of the top, their sum: a child's protection is bounded by its
+        parent's)"""
+        if tree == base:
+            return {"memory_low": sum(protection.values())} if protection else {}
+        return {"memory_low": protection[tree]} if tree in protection else {}
 
     partition = partitions(options, features)
     # a remote partition's cpus are exclusive all the way down from Tidal's top cgroup: those of the
@@ -127,13 +145,13 @@ def desired_tree(topo: Topology, state: State, pools: Pools, options: CgroupOpti
                           and a.name not in placements for c in a.cpus})
     exclusive: Dict[str, object] = {"cpus_exclusive": format_cpulist(partitioned)} if partition else {}
     specs = [
-        CgroupSpec(base, {"cpus": online, "mems": mems_all, **exclusive}),
-        CgroupSpec(f"{base}/system", {"cpus": system, "mems": mems_all}),
+        CgroupSpec(base, {"cpus": online, "mems": mems_all, **exclusive, **protected(base)}),
+        CgroupSpec(f"{base}/system", {"cpus": system, "mems": mems_all, **protected("system")}),
         # Tidal's own helpers (push commands, lending hooks): beside system, counted as neither online nor
         # offline (agent.helper_process)
         CgroupSpec(f"{base}/{HELPERS}", {"cpus": system, "mems": mems_all}),
-        CgroupSpec(f"{base}/dedicated", {"cpus": dedicated, "mems": mems_all, **exclusive}),
-        CgroupSpec(f"{base}/shared", {"cpus": shared, "mems": mems_all}),
+        CgroupSpec(f"{base}/dedicated", {"cpus": dedicated, "mems": mems_all, **exclusive, **protected("dedicated")}),
+        CgroupSpec(f"{base}/shared", {"cpus": shared, "mems": mems_all, **protected("shared")}),
         CgroupSpec(f"{base}/reclaimed", reclaimed_parent),
     ]
     specs += [CgroupSpec(f"{base}/reclaimed/{tier}", {"cpus": reclaim, "mems": mems_all,

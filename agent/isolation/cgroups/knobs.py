@@ -13,6 +13,7 @@
 | memory_high | (none)                                         | memory.high             |
 | memory_low  | (none)                                         | memory.low              |
 | memory_min  | (none)                                         | memory.min              |
+| memory_soft_limit | memory: memory.soft_limit_in_bytes (-1 = none) | (none: memory.low on online is v2's way) |
 
 Values are logical: ``cpus``/``mems`` cpu-list strings, ``cpu_shares`` in
 v1 shares (1024 per cpu; the kubelet's unit), ``cpu_max`` a pair
@@ -80,6 +81,8 @@ def files_for(version: int, knob: str, value: Any) -> List[FileWrite]:
     if knob == "memory_max":
         return [("memory", "memory.limit_in_bytes", _v1_mem(value))] if version == 1 else \
             [("", "memory.max", _v2_mem(value))]
+    if knob == "memory_soft_limit":
+        return [("memory", "memory.soft_limit_in_bytes", _v1_mem(value))] if version == 1 else []
     if knob in ("memory_high", "memory_low", "memory_min"):
         return [] if version == 1 else [("", knob.replace("_", "."), _v2_mem(value) if knob == "memory_high"
                                          else str(int(value or 0)))]
@@ -100,7 +103,7 @@ def normalize(file: str, text: Optional[str]) -> Optional[str]:
             return format_cpulist(parse_cpulist(text))
         except ValueError:
             return text
-    if file == "memory.limit_in_bytes" and text not in ("-1",):
+    if file in ("memory.limit_in_bytes", "memory.soft_limit_in_bytes") and text not in ("-1",):
         try:
             return "-1" if int(text) >= _V1_MAX_BYTES else text
         except ValueError:

@@ -1,0 +1,80 @@
+"""Online's stall share from PSI (pressure stall information).
+
+``some`` is the share of wall time in which at least one task of a cgroup
+waited for a resource (memory: reclaim, refaults, swap-in; cpu: a runqueue;
+io: the block layer). The kernel keeps it per cgroup on cgroup v2 (on a
+hybrid v1 host in the cgroup2 mirror, whose members are the same tasks) and
+node-wide in ``/proc/pressure``.
+
+``PressureMeter`` reads the cumulative ``total`` counter (microseconds of
+stall) of each online cgroup and reports the share over the interval since
+its last sample, in percent: exact over any interval, where the kernel's
+``avg10`` is a 10 s running average that trails a step by seconds. The figure
+is the worst online cgroup's (one stalled service is a stalled service).
+Where no online cgroup has a pressure file (no PSI in the cgroup mirror), the
+node-wide file is the fallback, and ``scope`` says so: it counts offline work's
+own stalls too (a reclaimed tree throttled at its ``memory.high`` stalls by
+design), so it can only overstate online's pressure.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Dict, Iterable, Optional, Tuple
+
+PressureReader = Callable[[str, str], Optional[Dict[str, Dict[str, float]]]]  # (cgroup path, resource)
+
+
+def node_pressure(resource: str, root: str = "/") -> Optional[Dict[str, Dict[str, float]]]:
+    """``/proc/pressure/<resource>`` parsed, or ``None`` (no PSI: kernel without it, or booted ``psi=0``)."""
+    from agent.isolation.cgroups.driver import parse_pressure
+
+    try:
+        with open(f"{root.rstrip('/')}/proc/pressure/{resource}") as handle:
+            return parse_pressure(handle.read())
+    except OSError:
+        return None
+
+
+class PressureMeter:
+    def __init__(self, read: PressureReader, paths: Callable[[], Iterable[str]], resource: str = "memory",
+                 kind: str = "some", node: Optional[Callable[[str], Optional[Dict[str, Dict[str, float]]]]] = None
+                 ) -> None:
+        self.read = read
+        self.paths = paths
+        self.resource = resource
+        self.kind = kind
+        self.node = node if node is not None else node_pressure
+        self.scope: Optional[str] = None  # "cgroups", "node" or None (no PSI anywhere)
+        self.percent: Optional[float] = None  # the last sample
+        self.avg10: Optional[float] = None  # the kernel's own running average, for the record
+        self._last: Tuple[Optional[float], Dict[str, float]] = (None, {})
+
+    def _totals(self) -> Tuple[Optional[str], Dict[str, Tuple[float, float]]]:
+        """``{path: (total_us, avg10)}`` of the online cgroups, else of the node."""
+        found: Dict[str, Tuple[float, float]] = {}
+        for path in self.paths():
+            doc = self.read(path, self.resource)
+            figures = (doc or {}).get(self.kind)
+            if figures and "total" in figures:
+                found[path] = (figures["total"], figures.get("avg10", 0.0))
+        if found:
+            return "cgroups", found
+        doc = self.node(self.resource)
+        figures = (doc or {}).get(self.kind)
+        if figures and "total" in figures:
+            return "node", {"/": (figures["total"], figures.get("avg10", 0.0))}
+        return None, {}
+
+    def sample(self, now: float) -> Optional[float]:
+        """The worst online cgroup's stall share (percent) since the previous sample; ``None`` on the
+        first sample and where the kernel keeps no PSI."""
+        scope, totals = self._totals()
+        last_time, last = self._last
+        self._last = (now, {path: total for path, (total, _) in totals.items()})
+        self.scope = scope
+        self.avg10 = max((avg for _, avg in totals.values()), default=None)
+        shares = [(total - last[path]) / ((now - last_time) * 1e6) * 100.0
+                  for path, (total, _) in totals.items()
+                  if last_time is not None and now > last_time and path in last and total >= last[path]]
+        self.percent = round(min(100.0, max(shares)), 2) if shares else None
+        return self.percent

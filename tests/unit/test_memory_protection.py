@@ -1,0 +1,204 @@
+"""Memory: eviction on the watermark and on online memory pressure (by tier, the largest first), the
+PSI meter, the protection and throttling knobs of the desired tree, the size option."""
+
+import subprocess
+import sys
+
+import pytest
+
+from agent.isolation.cgroups.desired import CgroupOptions, desired_tree
+from agent.isolation.cgroups.knobs import files_for, normalize
+from agent.qrm.eviction import choose_memory_victims
+from agent.qrm.model import Allocation, QoS, Tier
+from agent.qrm.policy import initial_state, pools
+from agent.reporter.pressure import PressureMeter
+from agent.services.eviction import default_watermark
+from tests.unit.test_capacity_api import make_agent
+
+MIB = 1 << 20
+GIB = 1 << 30
+
+
+def reclaimed(name, tier):
+    return Allocation(name=name, qos=QoS.RECLAIMED, millicpu=100, tier=Tier(tier))
+
+
+def test_memory_victims_go_by_tier_then_size_until_enough_is_freed():
+    allocs = [reclaimed("low-small", "low"), reclaimed("high-big", "high"), reclaimed("low-big", "low"),
+              reclaimed("min-mid", "min"), Allocation(name="web", qos=QoS.SHARED, millicpu=1000)]
+    use = {"low-small": 100 * MIB, "high-big": 4 * GIB, "low-big": 1 * GIB, "min-mid": 500 * MIB, "web": 8 * GIB}
+    names = lambda need: [a.name for a in choose_memory_victims(allocs, use, need)]  # noqa: E731
+    assert names(0) == []
+    assert names(1) == ["low-big"]
+    assert names(1 * GIB) == ["low-big"]
+    assert names(1 * GIB + 1) == ["low-big", "low-small"]
+    assert names(1 * GIB + 200 * MIB) == ["low-big", "low-small", "min-mid"]
+    assert names(100 * GIB) == ["low-big", "low-small", "min-mid", "high-big"]  # never "web": online
+
+
+def test_memory_victims_skip_what_frees_nothing():
+    allocs = [reclaimed("idle", "low"), reclaimed("unknown", "low"), reclaimed("user", "high")]
+    assert [a.name for a in choose_memory_victims(allocs, {"idle": 0, "unknown": None, "user": MIB}, GIB)] == ["user"]
+
+
+def test_default_watermark_sits_between_the_kubelets_threshold_and_a_ceiling():
+    assert default_watermark(1 * GIB) == 256 * MIB  # the VM tier's 1 GiB
+    assert default_watermark(24 * GIB) == 24 * GIB * 2 // 100  # 491 MiB on this project's hosts
+    assert default_watermark(512 * GIB) == 2 * GIB
+    assert default_watermark(1 * GIB) > 100 * MIB  # the kubelet evicts at memory.available<100Mi
+
+
+def admitted(tmp_path, **overrides):
+    agent = make_agent(tmp_path, **overrides)
+    for name, tier, used in (("batch-low", "low", 600 * MIB), ("batch-low-small", "low", 50 * MIB),
+                             ("batch-min", "min", 900 * MIB), ("batch-high", "high", 2 * GIB)):
+        agent.admit({"name": name, "qos": "reclaimed_cores", "millicpu": 100, "tier": tier})
+        agent.driver.memory[f"tidal/reclaimed/{tier}/{name}"] = used
+    agent.admit({"name": "web", "qos": "shared_cores", "millicpu": 1000})
+    agent.driver.memory["tidal/shared/web"] = 8 * GIB
+    return agent
+
+
+def evicted(agent):
+    return [(e["name"], e["cause"]) for e in agent.evictions]
+
+
+def test_under_the_watermark_reclaimed_work_goes_at_once_by_tier_and_size(tmp_path):
+    agent = admitted(tmp_path, memory_evict_below=1 * GIB)
+    try:
+        agent.eviction.memory(10.0, available_bytes=1 * GIB, total_bytes=16 * GIB, pressure_percent=None)
+        assert evicted(agent) == []  # at the watermark, not under it
+        # 200 MiB under: free back to twice the watermark, 1.2 GiB: both low ones, then min
+        agent.eviction.memory(11.0, available_bytes=800 * MIB, total_bytes=16 * GIB, pressure_percent=None)
+        assert evicted(agent) == [("batch-low", "memory"), ("batch-low-small", "memory"), ("batch-min", "memory")]
+        assert agent.evictions[0]["memory_bytes"] == 600 * MIB
+        assert "800 MiB" in agent.evictions[0]["reason"] and "1024 MiB watermark" in agent.evictions[0]["reason"]
+        assert [a.name for a in agent.state.allocations] == ["batch-high", "web"]
+        assert agent.evictions_by_cause["memory"] == 3 and agent.evictions_by_tier == {"low": 2, "min": 1, "high": 0}
+        kills = [op[1] for op in agent.driver.ops if op[0] == "kill"]
+        assert "tidal/shared/web" not in kills
+    finally:
+        agent.shutdown()
+
+
+def test_the_shipped_watermark_is_the_default_one(tmp_path):
+    agent = admitted(tmp_path)  # no memory_evict_below: what `tidal agent` runs with
+    try:
+        assert agent.eviction.watermark(16 * GIB) == default_watermark(16 * GIB)
+        agent.eviction.memory(1.0, available_bytes=default_watermark(16 * GIB) + 1, total_bytes=16 * GIB,
+                              pressure_percent=None)
+        assert evicted(agent) == []
+        agent.eviction.memory(2.0, available_bytes=default_watermark(16 * GIB) - 1, total_bytes=16 * GIB,
+                              pressure_percent=None)
+        assert evicted(agent)[0] == ("batch-low", "memory")
+    finally:
+        agent.shutdown()
+
+
+def test_online_memory_pressure_evicts_one_workload_per_grace_period(tmp_path):
+    agent = admitted(tmp_path, eviction_grace=5, memory_pressure_threshold=20)
+    try:
+        plenty = 8 * GIB
+        agent.eviction.memory(10.0, plenty, 16 * GIB, pressure_percent=35.0)
+        agent.eviction.memory(12.0, plenty, 16 * GIB, pressure_percent=19.9)  # a dip resets the clock
+        agent.eviction.memory(13.0, plenty, 16 * GIB, pressure_percent=25.0)
+        agent.eviction.memory(17.9, plenty, 16 * GIB, pressure_percent=25.0)
+        assert evicted(agent) == []
+        agent.eviction.memory(18.0, plenty, 16 * GIB, pressure_percent=25.0)
+        assert evicted(agent) == [("batch-low", "pressure")]
+        agent.eviction.memory(20.0, plenty, 16 * GIB, pressure_percent=25.0)
+        assert len(agent.evictions) == 1  # the next one only after another grace period
+        agent.eviction.memory(23.0, plenty, 16 * GIB, pressure_percent=25.0)
+        assert evicted(agent)[-1] == ("batch-low-small", "pressure")
+        agent.eviction.memory(24.0, plenty, 16 * GIB, pressure_percent=None)  # no figure: no pressure
+        agent.eviction.memory(40.0, plenty, 16 * GIB, pressure_percent=25.0)
+        assert len(agent.evictions) == 2
+        status = agent.status()
+        assert status["evictions_by_cause"] == {"cpu": 0, "memory": 0, "pressure": 2, "lending": 0}
+    finally:
+        agent.shutdown()
+
+
+def test_pressure_eviction_off_at_zero(tmp_path):
+    agent = admitted(tmp_path, eviction_grace=0, memory_pressure_threshold=0)
+    try:
+        for now in range(5):
+            agent.eviction.memory(float(now), 8 * GIB, 16 * GIB, pressure_percent=100.0)
+        assert agent.evictions == []
+    finally:
+        agent.shutdown()
+
+
+def test_pressure_meter_reports_the_worst_cgroups_stall_share_over_the_interval():
+    totals = {"tidal/shared": 0.0, "tidal/system": 0.0}
+
+    def read(path, resource):
+        assert resource == "memory"
+        if path not in totals:
+            return None
+        return {"some": {"avg10": 1.5, "avg60": 0.0, "avg300": 0.0, "total": totals[path]},
+                "full": {"avg10": 0.0, "avg60": 0.0, "avg300": 0.0, "total": 0.0}}
+
+    meter = PressureMeter(read, lambda: ["tidal/shared", "tidal/system", "tidal/dedicated"], "memory",
+                          node=lambda resource: pytest.fail("the node's file is a fallback only"))
+    assert meter.sample(100.0) is None  # the first sample has no interval
+    totals["tidal/shared"] += 250_000  # 0.25 s of 2 s stalled
+    totals["tidal/system"] += 1_000_000  # 1 s of 2 s
+    assert meter.sample(102.0) == 50.0
+    assert meter.scope == "cgroups" and meter.avg10 == 1.5
+    assert meter.sample(103.0) == 0.0
+
+
+def test_pressure_meter_falls_back_to_the_node_and_says_so():
+    total = {"us": 0.0}
+    node = lambda resource: {"some": {"avg10": 0.0, "total": total["us"]}}  # noqa: E731
+    meter = PressureMeter(lambda path, resource: None, lambda: ["tidal/shared"], "memory", node=node)
+    meter.sample(1.0)
+    total["us"] = 100_000
+    assert meter.sample(2.0) == 10.0 and meter.scope == "node"
+    none = PressureMeter(lambda path, resource: None, lambda: ["tidal/shared"], node=lambda resource: None)
+    assert none.sample(1.0) is None and none.sample(2.0) is None and none.scope is None
+
+
+def knobs_of(specs, path):
+    return next(s.knobs for s in specs if s.path == path)
+
+
+def test_desired_tree_protects_online_memory_and_throttles_offline_before_its_max():
+    from agent.topology.synthetic import Shape, build_topology
+
+    topo = build_topology(Shape(sockets=1, numa_per_socket=1, cores_per_numa=4, threads_per_core=1))
+    state = initial_state(topo, None)
+    options = CgroupOptions(reclaimed_memory_max=10 * GIB, online_memory_low=(("shared", 3 * GIB), ("system", GIB)))
+    specs = desired_tree(topo, state, pools(topo, state), options, {"cpu.idle": True, "memory": True})
+    parent = knobs_of(specs, "tidal/reclaimed")
+    assert parent["memory_max"] == 10 * GIB and parent["memory_high"] == 9 * GIB and parent["memory_soft_limit"] == 0
+    assert knobs_of(specs, "tidal/shared")["memory_low"] == 3 * GIB
+    assert knobs_of(specs, "tidal/system")["memory_low"] == GIB
+    assert "memory_low" not in knobs_of(specs, "tidal/dedicated")  # nothing measured there yet
+    assert knobs_of(specs, "tidal")["memory_low"] == 4 * GIB  # the parent bounds its children's protection
+    assert "memory_low" not in knobs_of(specs, "tidal/reclaimed")
+    # an explicit memory.high wins; a kernel without the memory controller gets no memory knob at all
+    explicit = desired_tree(topo, state, pools(topo, state), CgroupOptions(reclaimed_memory_max=10 * GIB,
+                            reclaimed_memory_high=5 * GIB), {"cpu.idle": True, "memory": True})
+    assert knobs_of(explicit, "tidal/reclaimed")["memory_high"] == 5 * GIB
+    bare = desired_tree(topo, state, pools(topo, state), options, {"cpu.idle": True, "memory": False})
+    assert not any(k.startswith("memory") for s in bare for k in s.knobs)
+
+
+def test_knob_table_has_v1s_soft_limit_and_v2s_low():
+    assert files_for(1, "memory_soft_limit", 0) == [("memory", "memory.soft_limit_in_bytes", "0")]
+    assert files_for(2, "memory_soft_limit", 0) == []
+    assert files_for(1, "memory_low", GIB) == []
+    assert files_for(2, "memory_low", GIB) == [("", "memory.low", str(GIB))]
+    assert normalize("memory.soft_limit_in_bytes", "9223372036854771712") == "-1"
+
+
+@pytest.mark.parametrize("value", ["12XB", "-1Gi", "", "0", "1023Ki", "1.5.2Gi"])
+def test_bad_memory_watermark_is_one_line_and_a_non_zero_exit(value, tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "agent.cli", "agent", "--record-cgroups", "--state-dir",
+                           str(tmp_path), "--socket", str(tmp_path / "s"), "--memory-evict-below", value],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "--memory-evict-below" in lines[0], proc.stderr
