@@ -73,6 +73,18 @@ def is_root() -> bool:
     return hasattr(os, "geteuid") and os.geteuid() == 0
 
 
+def terminate(proc, timeout: float = 60) -> None:
+    """SIGTERM a test's process and reap it; SIGKILL it if it has not exited within ``timeout``."""
+    if proc is None or proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 def cpuset_dir(driver, path: str) -> str:
     """The directory holding a cgroup's cpuset files: v1's cpuset hierarchy, v2's one tree."""
     dirs = driver.where(path)

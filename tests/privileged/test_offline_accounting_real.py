@@ -14,7 +14,7 @@ import uuid
 import pytest
 
 from agent.client import AgentClient
-from tests.conftest import privileged
+from tests.conftest import privileged, terminate
 from tests.offline_cgroup import OfflineCgroup
 
 pytestmark = [pytest.mark.privileged, privileged]
@@ -34,15 +34,6 @@ def start_agent(tmp_path, base, *args):
         assert agent.poll() is None and time.monotonic() < deadline, (tmp_path / "agent.log").read_text()
         time.sleep(0.1)
     return agent, client
-
-
-def stop_agent(agent):
-    agent.terminate()
-    try:
-        agent.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        agent.kill()
-        agent.wait()
 
 
 def online_while(client, proc, seconds):
@@ -71,7 +62,7 @@ def test_a_declared_offline_cgroup_is_not_online_demand(tmp_path):
         outside = online_while(client, hog, 6)
         hog.wait()
     finally:
-        stop_agent(agent)
+        terminate(agent)
         offline.remove()
     print(json.dumps({"declared_offline": {"online_peak": inside[0], "offline_cgroup": inside[1]},
                       "undeclared": {"online_peak": outside[0]}}))
@@ -98,7 +89,7 @@ def test_a_push_command_runs_in_the_helpers_cgroup_and_is_not_online(tmp_path):
         peak = max(peak, client.request("GET", "/v1/status")["online_millicpu"])
         push = [p for p in client.request("GET", "/v1/status")["push"] if p["kind"] == "command"][0]
     finally:
-        stop_agent(agent)
+        terminate(agent)
     lines = marker.read_text().splitlines()
     print(json.dumps({"push_cgroups": lines, "online_peak_during_push": peak}))
     assert all(line.rstrip("/").endswith(f"{base}/helpers") for line in lines if line.split(":")[1] in

@@ -28,7 +28,7 @@ import pytest
 from agent.client import AgentClient
 from agent.isolation.cgroups.detect import detect
 from agent.topology import HostFS
-from tests.conftest import privileged
+from tests.conftest import privileged, terminate
 from tests.offline_cgroup import OfflineCgroup
 from tests.yarn.hadoop import Yarn
 from tests.yarn.hadoop import testbin as find_testbin
@@ -82,13 +82,7 @@ def cluster(tmp_path_factory):
         yield state
     finally:
         yarn.stop_all()
-        if agent.poll() is None:
-            agent.terminate()
-            try:
-                agent.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                agent.kill()
-                agent.wait()
+        terminate(agent)
         agent_log.close()
         offline.remove()
         print((work / "agent.log").read_text()[-3000:])
