@@ -491,6 +491,9 @@ def status(socket_path: str, as_json: bool) -> None:
                    f"pressure " + ("- (no PSI)" if pressure is None and memory["pressure_scope"] is None else
                                    f"{'-' if pressure is None else f'{pressure:.1f}%'} "
                                    f"({memory['pressure_scope']}; evicts at {memory['pressure_threshold_percent']:g}%)"))
+        if memory.get("offline_throttled_to_bytes") is not None:
+            click.echo(f"offline memory THROTTLED to {gib(memory['offline_throttled_to_bytes'])} (online stalled on "
+                       f"memory; {memory['pressure_throttles']} cuts so far)")
     causes = {k: v for k, v in (data.get("evictions_by_cause") or {}).items() if v}
     if causes:
         click.echo("evictions " + ", ".join(f"{cause} {count}" for cause, count in causes.items()))

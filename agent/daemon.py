@@ -111,7 +111,7 @@ class Agent:
         self.owner.topology = topology
         self.lending = NodeLending(os.path.join(config.state_dir, "node.json"), config.hooks)
         self.counters: Dict[str, int] = {"drift_repairs": 0, "reconciles": 0, "reconcile_failures": 0,
-                                         "released_empty": 0, "fast_shrinks": 0}
+                                         "released_empty": 0, "fast_shrinks": 0, "pressure_throttles": 0}
         self.helper_join = HelperJoin()  # moves push commands and hooks into <base>/helpers once it exists
         self.lending.helper_join = self.helper_join
         self.pusher = self._pusher(config)
@@ -392,7 +392,9 @@ class Agent:
                 "online_bytes": self.harvest.online_bytes,
                 "reclaimed_bytes": self.driver.memory_usage_bytes(f"{self.config.cgroup_base}/reclaimed"),
                 "online_pressure_percent": meter.percent, "online_pressure_avg10": meter.avg10,
-                "pressure_scope": meter.scope, "pressure_threshold_percent": self.eviction.memory_pressure_threshold}
+                "pressure_scope": meter.scope, "pressure_threshold_percent": self.eviction.memory_pressure_threshold,
+                "offline_throttled_to_bytes": self.harvest.throttle.limit,
+                "pressure_throttles": self.counters.get("pressure_throttles", 0)}
 
     # ---- the loop ----------------------------------------------------------
 

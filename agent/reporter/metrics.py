@@ -75,11 +75,16 @@ class AgentCollector(Collector):
                     ("tidal_memory_available_bytes", "available_bytes", "the node's available memory (MemAvailable)"),
                     ("tidal_memory_evict_below_bytes", "evict_below_bytes", "available memory under which reclaimed work is evicted"),
                     ("tidal_online_memory_pressure_percent", "online_pressure_percent",
-                     "share of the last period some online task stalled on memory (PSI), worst online cgroup")):
+                     "share of the last period some online task stalled on memory (PSI), worst online cgroup"),
+                    ("tidal_offline_memory_throttle_bytes", "offline_throttled_to_bytes",
+                     "what offline work may hold while online stalls on memory (absent: not throttled)")):
                 if memory[key] is not None:
                     g = GaugeMetricFamily(name, text)
                     g.add_metric([], memory[key])
                     yield g
+            c = CounterMetricFamily("tidal_pressure_throttles", "cuts of offline memory on online memory pressure")
+            c.add_metric([], memory["pressure_throttles"])
+            yield c
             c = CounterMetricFamily("tidal_reconciles", "reconcile passes")
             c.add_metric([], agent.counters["reconciles"])
             yield c

@@ -30,9 +30,10 @@ log = logging.getLogger("tidal.agent")
 class Enforcement:
     def __init__(self, owner: StateOwner, driver: CgroupDriver, base: str, options: CgroupOptions, state_dir: str,
                  drift_check_period: float, counters: Dict[str, int],
-                 limits: Callable[[], Tuple[Optional[int], Optional[int]]],
+                 limits: Callable[[], Tuple[Optional[int], Optional[int], Optional[int]]],
                  protection: Callable[[], Tuple[Tuple[str, int], ...]] = tuple) -> None:
-        """``limits()``: the reclaimed parent's (cpu cap millicpu, memory max bytes) now;
+        """``limits()``: the reclaimed parent's (cpu cap millicpu, memory max bytes, memory high bytes or
+        ``None`` for the default) now;
         ``protection()``: the online trees' ``memory.low`` now, ``((tree, bytes), ...)``."""
         self.owner = owner
         self.driver = driver
@@ -84,8 +85,10 @@ class Enforcement:
                 verify = start - self._last_verify >= self.drift_check_period
             if verify:
                 self._last_verify = start
-            cap, memory = self.limits()  # the reclaimed parent's cpu and memory limits: the current capacity
+            # the reclaimed parent's cpu and memory limits (the current capacity) and its memory throttle
+            cap, memory, high = self.limits()
             options = replace(self.options, base=self.base, reclaimed_cap_millicpu=cap, reclaimed_memory_max=memory,
+                              reclaimed_memory_high=self.options.reclaimed_memory_high if high is None else high,
                               online_memory_low=self.protection())
             # the state object itself, compared by identity (an id() could be reused once freed); with
             # placements the Reconciler looks every pass (a pod's cgroups appear when the kubelet makes them)

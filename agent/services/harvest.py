@@ -9,7 +9,9 @@ resize the reclaim pool (``ReclaimSizer``); estimate the reclaimed capacity
 (``CapacityEstimator``; both use THE headroom rule, ``contracts.headroom``);
 publish it (generation, long-pollers, the push to offline agents) when it
 changes. Between periods the fast guard watches online's own cgroups and
-takes every lent cpu back at once when online saturates its pool.
+takes every lent cpu back at once when online saturates its pool, and cuts
+offline work's memory at once when online stalls on memory
+(``services.memory_throttle``).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import logging
 import math
 import threading
 import time
+from dataclasses import replace
 from typing import Any, Callable, Dict, List, Optional
 
 from agent.lending import OFFLINE, NodeLending
@@ -27,10 +30,11 @@ from agent.reporter.headroom import ReclaimSizer
 from agent.reporter.pressure import PressureMeter
 from agent.reporter.task_cpus import TaskCpuAttribution, scale_to
 from agent.reporter.usage import UsageSampler
-from agent.isolation.cgroups.desired import HELPERS
+from agent.isolation.cgroups.desired import HELPERS, RECLAIMED_HIGH_SHARE
 from agent.isolation.cgroups.driver import procs_in_tree
 from agent.qrm.model import LOCAL, QoS
 from agent.services.enforcement import Enforcement
+from agent.services.memory_throttle import MemoryThrottle
 from agent.services.owner import StateOwner
 
 log = logging.getLogger("tidal.agent")
@@ -86,8 +90,11 @@ class Harvest:
                 *(pid for path in self.offline_cgroups if self._rooted.present(path)
                   for pid in procs_in_tree(self._rooted, path))])
 
-        # online's memory stall share (PSI), every period: a cause of eviction (services.eviction)
+        # online's memory stall share (PSI), every period: a cause of eviction (services.eviction), and the
+        # throttle's way back; the fast guard has its own meter, for the throttle's cut
         self.memory_pressure = PressureMeter(self.driver.pressure, self.online_cgroups, "memory")
+        self.throttle = MemoryThrottle(getattr(config, "memory_pressure_threshold", 0.0))
+        self.raw_memory: Optional[int] = None  # the reclaimed memory capacity before the throttle
 
     def online_cgroups(self) -> List[str]:
         """Where online work lives: Tidal's online trees and the cgroups of online pods."""
@@ -322,7 +329,11 @@ class Harvest:
         if not self.enforcement.harvest:
             # without idle-priority harvest, offline owns the reclaim pool's cpus, which the
             # sizer already fits to online demand; only memory comes from the estimate
-            return Capacity(allocatable[0], capacity.memory_bytes, capacity.source, capacity.numa)
+            capacity = Capacity(allocatable[0], capacity.memory_bytes, capacity.source, capacity.numa)
+        self.raw_memory = capacity.memory_bytes
+        if self.throttle.limit is not None:  # online stalls on memory: offline schedulers are told less too
+            capacity = replace(capacity, memory_bytes=min(capacity.memory_bytes,
+                                                          self.throttle.limit // MEMORY_STEP * MEMORY_STEP))
         return capacity
 
     def with_capacity(self, state: State, now: Optional[float] = None, epoch: Optional[float] = None) -> State:
@@ -334,6 +345,9 @@ class Harvest:
         return state.with_reclaim_capacity(capacity.millicpu)
 
     def refresh(self, now: float, epoch: float) -> None:
+        if self.throttle.on_period(self.memory_pressure.percent, self._unthrottled()):
+            log.info("online memory pressure is down: offline memory %s", "no longer throttled"
+                     if self.throttle.limit is None else f"throttled at {self.throttle.limit // MIB} MiB")
         state = self.with_capacity(self.owner.state, now, epoch)
         if state != self.owner.state:
             self.owner.commit(state)
@@ -354,10 +368,37 @@ class Harvest:
                     self.on_change()
 
     def limits(self) -> tuple:
-        """The reclaimed parent's (cpu cap millicpu, memory max bytes): the kernel enforces the capacity."""
-        if self.capacity is not None:
-            return self.capacity.cap_millicpu, max(self.capacity.memory_bytes, 64 * MIB)
-        return self.owner.state.reclaim_millicpu, self.config.cgroup_options.reclaimed_memory_max
+        """The reclaimed parent's (cpu cap millicpu, memory max bytes, memory high bytes or None for the
+        default): the kernel enforces the capacity, and the memory throttle (``memory.high``, v2)."""
+        if self.capacity is None:
+            return self.owner.state.reclaim_millicpu, self.config.cgroup_options.reclaimed_memory_max, None
+        top = max(self.raw_memory if self.raw_memory is not None else self.capacity.memory_bytes, 64 * MIB)
+        if self.throttle.limit is None or self.driver.version == 1:
+            # v1 has no memory.high, and refuses (EBUSY) a hard limit under what a group holds when its
+            # pages cannot be reclaimed (anonymous memory, no swap): there the throttle is the capacity
+            # offline schedulers are told, the soft limit of 0, and eviction after its grace
+            return self.capacity.cap_millicpu, top, None
+        return self.capacity.cap_millicpu, top, min(self.throttle.limit, int(top * RECLAIMED_HIGH_SHARE) // MIB * MIB)
+
+    def _unthrottled(self) -> Optional[int]:
+        """What the throttled limit grows back to: the default memory.high."""
+        if self.raw_memory is None:
+            return None
+        return int(max(self.raw_memory, 64 * MIB) * RECLAIMED_HIGH_SHARE) // MIB * MIB
+
+    def throttle_now(self, percent: float) -> bool:
+        """Online stalls on memory: cut what offline may hold, in the kernel and the capacity, now."""
+        owner = self.owner
+        with owner.lock:
+            offline = self.driver.memory_usage_bytes(f"{self.enforcement.base}/reclaimed")
+            if not self.throttle.on_pressure(percent, offline):
+                return False
+            self.counters["pressure_throttles"] = self.counters.get("pressure_throttles", 0) + 1
+            log.info("online memory pressure %.1f%%: offline memory throttled to %d MiB (it held %d MiB)",
+                     percent, self.throttle.limit // MIB, offline // MIB)
+            owner.commit(self.with_capacity(owner.state))
+            self.enforcement.reconcile()
+            return True
 
     # ---- the fast guard: online gets its cores back between periods --------------------------
 
@@ -374,10 +415,15 @@ class Harvest:
         offline work a few periods of lending; a miss would cost online latency."""
         base = self.enforcement.base
         readers = [self.driver.usage_reader(p) for p in (f"{base}/shared", f"{base}/system")]
+        pressure = PressureMeter(self.driver.pressure, self.online_cgroups, "memory")
         history: List[tuple] = []
         while not stop.is_set():
             time.sleep(self.config.guard_interval)  # Event.wait(timeout) costs ~10x the cpu of a sleep
             now = time.monotonic()
+            if self.throttle.threshold > 0:  # online stalls on memory: offline shrinks now, not next period
+                stalled = pressure.sample(now)
+                if stalled is not None and stalled >= self.throttle.threshold:
+                    self.throttle_now(stalled)
             total = sum(read() or 0 for read in readers)
             history.append((now, total))
             del history[:-2]

@@ -1,0 +1,87 @@
+"""The memory throttle: cut on online memory pressure, grown back slowly; and what the agent makes of it
+(the reclaimed tree's memory.high on v2, its hard limit on v1, the reported capacity)."""
+
+from agent.services.memory_throttle import FLOOR, QUIET_PERIODS, STEP, MemoryThrottle
+from tests.unit.test_capacity_api import make_agent
+
+MIB = 1 << 20
+GIB = 1 << 30
+
+
+def test_a_pressure_step_cuts_offline_to_a_share_of_what_it_holds():
+    throttle = MemoryThrottle(20.0)
+    assert not throttle.on_pressure(19.9, 4 * GIB) and throttle.limit is None  # under the threshold
+    assert not throttle.on_pressure(None, 4 * GIB)  # no PSI figure
+    assert not throttle.on_pressure(50.0, 0)  # offline holds nothing: nothing to cut
+    assert throttle.on_pressure(20.0, 4 * GIB)
+    assert throttle.limit == int(4 * GIB * 0.9) // MIB * MIB
+    assert not throttle.on_pressure(40.0, 4 * GIB)  # offline has not shrunk under the cut yet: no new cut
+    assert throttle.on_pressure(40.0, throttle.limit - MIB)  # it did, and online still stalls: cut again
+    assert throttle.cuts == 2
+    assert throttle.apply(10 * GIB) == throttle.limit and throttle.apply(MIB) == MIB
+    small = MemoryThrottle(20.0)
+    small.on_pressure(90.0, 10 * MIB)
+    assert small.limit == FLOOR  # never under the floor
+
+
+def test_the_throttle_grows_back_only_after_quiet_periods():
+    throttle = MemoryThrottle(20.0)
+    throttle.on_pressure(30.0, 2 * GIB)
+    cut = throttle.limit
+    for _ in range(QUIET_PERIODS - 1):
+        assert not throttle.on_period(5.0, 8 * GIB)
+    assert not throttle.on_period(10.0, 8 * GIB)  # half the threshold is not quiet: the count starts over
+    for _ in range(QUIET_PERIODS - 1):
+        assert not throttle.on_period(None, 8 * GIB)
+    assert throttle.on_period(0.0, 8 * GIB) and throttle.limit == cut + STEP
+    while throttle.limit is not None:
+        throttle.on_period(0.0, 8 * GIB)
+    assert throttle.apply(8 * GIB) == 8 * GIB  # gone once it reaches the unthrottled value
+
+
+def test_off_at_zero():
+    throttle = MemoryThrottle(0.0)
+    assert not throttle.on_pressure(100.0, 8 * GIB) and throttle.limit is None
+
+
+def throttled_agent(tmp_path, version):
+    agent = make_agent(tmp_path, memory_pressure_threshold=20.0)
+    agent.driver.version = version
+    agent.driver.memory[f"{agent.config.cgroup_base}/reclaimed"] = 6 * GIB
+    agent.tick(now=1.0)
+    agent.tick(now=2.0)
+    return agent
+
+
+def test_v2_throttles_memory_high_and_keeps_the_max(tmp_path):
+    agent = throttled_agent(tmp_path, 2)
+    try:
+        cap, top, high = agent.harvest.limits()
+        assert high is None and top >= 6 * GIB  # not throttled: the default memory.high (a share of the max)
+        before = agent.capacity_doc()
+        assert agent.harvest.throttle_now(35.0)
+        cap, top_now, high = agent.harvest.limits()
+        assert top_now == top and high == int(6 * GIB * 0.9) // MIB * MIB
+        files = agent.driver.files[f"{agent.config.cgroup_base}/reclaimed"]  # written at once, not next period
+        assert files[("", "memory.high")] == str(high) and files[("", "memory.max")] == str(top)
+        after = agent.capacity_doc()
+        assert after["reclaimed"]["memory_bytes"] <= high < before["reclaimed"]["memory_bytes"]
+        assert after["generation"] > before["generation"]  # offline schedulers hear of it at once
+        status = agent.status()
+        assert status["memory"]["offline_throttled_to_bytes"] == high and status["counters"]["pressure_throttles"] == 1
+        assert not agent.harvest.throttle_now(35.0)  # nothing shrank yet: no second cut
+    finally:
+        agent.shutdown()
+
+
+def test_v1_throttles_the_reported_capacity_not_the_hard_limit(tmp_path):
+    # v1 refuses (EBUSY) a hard limit under what the group holds when it cannot reclaim it
+    agent = throttled_agent(tmp_path, 1)
+    try:
+        before = agent.capacity_doc()["reclaimed"]["memory_bytes"]
+        limits = agent.harvest.limits()
+        assert agent.harvest.throttle_now(35.0)
+        assert agent.harvest.limits() == limits
+        assert agent.capacity_doc()["reclaimed"]["memory_bytes"] <= agent.harvest.throttle.limit < before
+    finally:
+        agent.shutdown()
