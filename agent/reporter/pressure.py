@@ -19,6 +19,7 @@ design), so it can only overstate online's pressure.
 
 from __future__ import annotations
 
+import os
 from typing import Callable, Dict, Iterable, Optional, Tuple
 
 PressureReader = Callable[[str, str], Optional[Dict[str, Dict[str, float]]]]  # (cgroup path, resource)
@@ -33,6 +34,40 @@ def node_pressure(resource: str, root: str = "/") -> Optional[Dict[str, Dict[str
             return parse_pressure(handle.read())
     except OSError:
         return None
+
+
+class PressureFiles:
+    """Pressure files kept open (read again with ``pread``: a third of an open, read and close), for the
+    fast guard's every-interval reads; a file that fails is closed and opened afresh next time (a cgroup
+    removed and made again)."""
+
+    def __init__(self, locate: Callable[[str], Optional[str]]) -> None:
+        """``locate(path)``: the cgroup2 directory of a cgroup (the driver's ``membership_dir``)."""
+        self.locate = locate
+        self._fds: Dict[Tuple[str, str], int] = {}
+
+    def read(self, path: str, resource: str) -> Optional[Dict[str, Dict[str, float]]]:
+        from agent.isolation.cgroups.driver import parse_pressure
+
+        key = (path, resource)
+        fd = self._fds.get(key)
+        try:
+            if fd is None:
+                directory = self.locate(path)
+                if directory is None:
+                    return None
+                fd = self._fds[key] = os.open(os.path.join(directory, f"{resource}.pressure"), os.O_RDONLY)
+            return parse_pressure(os.pread(fd, 4096, 0).decode())
+        except OSError:
+            if fd is not None:
+                os.close(fd)
+            self._fds.pop(key, None)
+            return None
+
+    def close(self) -> None:
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
 
 
 class PressureMeter:

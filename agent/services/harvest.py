@@ -27,7 +27,7 @@ from agent.lending import OFFLINE, NodeLending
 from agent.qrm.policy import State, _layout
 from agent.reporter.capacity import MEMORY_STEP, MIB, Capacity, CapacityEstimator, HourlyHistory
 from agent.reporter.headroom import ReclaimSizer
-from agent.reporter.pressure import PressureMeter
+from agent.reporter.pressure import PressureFiles, PressureMeter
 from agent.reporter.task_cpus import TaskCpuAttribution, scale_to
 from agent.reporter.usage import UsageSampler
 from agent.isolation.cgroups.desired import HELPERS, RECLAIMED_HIGH_SHARE
@@ -95,14 +95,21 @@ class Harvest:
         self.memory_pressure = PressureMeter(self.driver.pressure, self.online_cgroups, "memory")
         self.throttle = MemoryThrottle(getattr(config, "memory_pressure_threshold", 0.0))
         self.raw_memory: Optional[int] = None  # the reclaimed memory capacity before the throttle
+        self._online_key: Optional[tuple] = None  # (state, placements, paths) of online_cgroups()
 
     def online_cgroups(self) -> List[str]:
-        """Where online work lives: Tidal's online trees and the cgroups of online pods."""
+        """Where online work lives: Tidal's online trees and the cgroups of online pods (worked out again
+        only when the state or the placements changed: the fast guard asks every interval)."""
+        state, placements = self.owner.state, self.owner.placements
+        key = self._online_key
+        if key is not None and key[0] is state and key[1] == placements:
+            return key[2]
         base = self.enforcement.base
         paths = [f"{base}/{tree}" for tree in ONLINE_TREES]
-        for alloc in self.owner.state.allocations if self.owner.state is not None else ():
+        for alloc in state.allocations if state is not None else ():
             if alloc.qos is not QoS.RECLAIMED and alloc.source != LOCAL:
                 paths += self.enforcement.cgroups_of(alloc)[:1]
+        self._online_key = (state, dict(placements), paths)
         return paths
 
     def start(self) -> Optional[str]:
@@ -415,7 +422,8 @@ class Harvest:
         offline work a few periods of lending; a miss would cost online latency."""
         base = self.enforcement.base
         readers = [self.driver.usage_reader(p) for p in (f"{base}/shared", f"{base}/system")]
-        pressure = PressureMeter(self.driver.pressure, self.online_cgroups, "memory")
+        files = PressureFiles(getattr(self.driver, "membership_dir", lambda path: None))
+        pressure = PressureMeter(files.read, self.online_cgroups, "memory")
         history: List[tuple] = []
         while not stop.is_set():
             time.sleep(self.config.guard_interval)  # Event.wait(timeout) costs ~10x the cpu of a sleep
@@ -437,6 +445,7 @@ class Harvest:
                 online_cpus = len(pool.shared) + len(pool.reserved)
                 if carved and rate >= self.sizer.saturation * online_cpus * 1000:
                     self.shrink_now(rate)
+        files.close()
 
     def shrink_now(self, online_millicpu: float) -> None:
         """Give the shared pool every lent cpu and cut the capacity, in the kernel, now."""

@@ -202,3 +202,23 @@ def test_bad_memory_watermark_is_one_line_and_a_non_zero_exit(value, tmp_path):
     assert proc.returncode != 0
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "--memory-evict-below" in lines[0], proc.stderr
+
+
+def test_pressure_files_stay_open_and_reopen_after_a_failure(tmp_path):
+    from agent.reporter.pressure import PressureFiles
+
+    cgroup = tmp_path / "cg"
+    cgroup.mkdir()
+    (cgroup / "memory.pressure").write_text("some avg10=1.00 avg60=0.00 avg300=0.00 total=100\n"
+                                            "full avg10=0.00 avg60=0.00 avg300=0.00 total=7\n")
+    files = PressureFiles(lambda path: str(tmp_path / path) if path == "cg" else None)
+    assert files.read("cg", "memory")["some"]["total"] == 100
+    assert files.read("elsewhere", "memory") is None
+    assert files.read("cg", "cpu") is None  # no such file: nothing kept open
+    assert len(files._fds) == 1
+    (cgroup / "memory.pressure").unlink()
+    (cgroup / "memory.pressure").write_text("some avg10=0.00 avg60=0.00 avg300=0.00 total=250\n")
+    assert files.read("cg", "memory")["some"]["total"] == 100  # the kept file is the one it opened
+    files.close()
+    assert files.read("cg", "memory")["some"]["total"] == 250  # opened afresh
+    files.close()
