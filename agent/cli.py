@@ -183,8 +183,9 @@ def parse_reserved(value: Optional[str]):
                    "under this, e.g. 512Mi or 1Gi (default: 2% of memory, 256Mi to 2Gi; above the kubelet's "
                    "100Mi, so offline work goes first).")
 @click.option("--memory-pressure-threshold", default=20.0, show_default=True, type=click.FloatRange(0, 100),
-              help="Evict one reclaimed workload per --eviction-grace while online tasks stall on memory this "
-                   "share of the time (percent, PSI of the online cgroups; 0: off).")
+              help="When online tasks stall on memory this share of the time (percent, PSI of the online "
+                   "cgroups), cut offline memory to 90% of what it holds at once (v2: memory.high; both: the "
+                   "reported capacity), and evict one reclaimed workload per --eviction-grace while it lasts (0: off).")
 @click.option("--online-policy", default="wait", show_default=True, type=click.Choice(["wait", "evict"]),
               help="Lending: wait for online workloads to finish, or evict them when the notice ends.")
 @click.option("--hook", "hooks", multiple=True, metavar="STATE=JSON-ARGV",
@@ -222,7 +223,8 @@ def agent(root: str, socket_path: str, state_dir: str, reserved_cpus, period: fl
           socket_group, cgroup_base: str,
           cgroup_parent: str, no_resize: bool, revert: bool, push_command, push_url, push_format: str,
           push_resend: float, yarn_rm, yarn_node_id, yarn_node_host, offline_cgroups, eviction_grace: float,
-          memory_evict_below, memory_pressure_threshold: float, online_policy: str, hooks, guard_interval: float, no_confine_self: bool, record_cgroups: bool,
+          memory_evict_below, memory_pressure_threshold: float, online_policy: str, hooks, guard_interval: float,
+          no_confine_self: bool, record_cgroups: bool,
           dedicated_partition: str,
           online_nic, offline_nic, offline_gateway, net_netns, no_ingress_shaping: bool, kube_node, kubeconfig,
           kubelet_cgroup_driver, topology_policy: str, log_level: str) -> None:
@@ -244,7 +246,8 @@ def agent(root: str, socket_path: str, state_dir: str, reserved_cpus, period: fl
                          yarn_node_host=yarn_node_host, offline_cgroups=parse_offline_cgroups(offline_cgroups, cgroup_base),
                          eviction_grace=eviction_grace,
                          memory_evict_below=parse_size("--memory-evict-below", memory_evict_below),
-                         memory_pressure_threshold=memory_pressure_threshold, online_policy=online_policy, hooks=parse_hooks(hooks),
+                         memory_pressure_threshold=memory_pressure_threshold, online_policy=online_policy,
+                         hooks=parse_hooks(hooks),
                          guard_interval=guard_interval, socket_group=group_id(socket_group),
                          tcp_token=tcp_token(tcp_port, tcp_token_file),
                          net=net_config(online_nic, offline_nic, offline_gateway, net_netns, not no_ingress_shaping))
