@@ -157,7 +157,7 @@ def test_an_online_memory_pressure_step_throttles_offline_at_once(tmp_path):
     # memory.high far more: the threshold is the shipped 20% on v2 and, test-only, 1% on v1. The eviction
     # grace is an hour: the throttle is under test here, not eviction
     agent = make_agent(tmp_path, memory_pressure_threshold=20.0 if v2 else 1.0, eviction_grace=3600, period=1.0)
-    base, procs, stop = agent.config.cgroup_base, {}, threading.Event()
+    base, procs, stop, cleanup = agent.config.cgroup_base, {}, threading.Event(), []
 
     def loop():
         while not stop.wait(agent.config.period):
@@ -173,7 +173,8 @@ def test_an_online_memory_pressure_step_throttles_offline_at_once(tmp_path):
             agent.attach("web", online.pid)
             agent.driver.write("", leaf, "memory.high", str(32 * MIB))
         else:
-            data = tmp_path / "working-set.bin"
+            data = disk_file(tmp_path)
+            cleanup.append(data)
             with open(data, "wb") as handle:
                 for _ in range(96):
                     handle.write(os.urandom(MIB))
@@ -211,6 +212,18 @@ def test_an_online_memory_pressure_step_throttles_offline_at_once(tmp_path):
     finally:
         stop.set()
         finish(agent, procs.values())
+        for path in cleanup:
+            os.unlink(path)
+
+
+def disk_file(tmp_path):
+    """A file on a disk-backed filesystem: a tmpfs file's pages are shared memory, resident and charged to
+    its writer, so re-reading it never stalls anyone (`make test` puts TMPDIR on /dev/shm)."""
+    for directory in (str(tmp_path), "/var/tmp", os.getcwd()):
+        kind = subprocess.run(["stat", "-f", "-c", "%T", directory], capture_output=True, text=True).stdout.strip()
+        if kind and kind not in ("tmpfs", "ramfs"):
+            return os.path.join(directory, f"tidal-test-working-set-{uuid.uuid4().hex[:8]}.bin")
+    pytest.fail("no disk-backed directory for the working-set file (tmp, /var/tmp and the checkout are all tmpfs)")
 
 
 def detect_version():
