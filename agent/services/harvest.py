@@ -96,6 +96,7 @@ class Harvest:
         self.throttle = MemoryThrottle(getattr(config, "memory_pressure_threshold", 0.0))
         self.raw_memory: Optional[int] = None  # the reclaimed memory capacity before the throttle
         self._online_key: Optional[tuple] = None  # (state, placements, paths) of online_cgroups()
+        self._guard_stop: Optional[threading.Event] = None  # the agent's stop, once the fast guard runs
 
     def online_cgroups(self) -> List[str]:
         """Where online work lives: Tidal's online trees and the cgroups of online pods (worked out again
@@ -397,6 +398,8 @@ class Harvest:
         """Online stalls on memory: cut what offline may hold, in the kernel and the capacity, now."""
         owner = self.owner
         with owner.lock:
+            if self._stopping():
+                return False
             offline = self.driver.memory_usage_bytes(f"{self.enforcement.base}/reclaimed")
             if not self.throttle.on_pressure(percent, offline):
                 return False
@@ -412,6 +415,7 @@ class Harvest:
     def start_guard(self, stop: threading.Event) -> None:
         if self.config.guard_interval <= 0 or self.config.record_cgroups or not self.config.resize:
             return
+        self._guard_stop = stop
         threading.Thread(target=self._guard_loop, args=(stop,), name="tidal-guard", daemon=True).start()
 
     def _guard_loop(self, stop: threading.Event) -> None:
@@ -427,6 +431,8 @@ class Harvest:
         history: List[tuple] = []
         while not stop.is_set():
             time.sleep(self.config.guard_interval)  # Event.wait(timeout) costs ~10x the cpu of a sleep
+            if stop.is_set():
+                break
             now = time.monotonic()
             if self.throttle.threshold > 0:  # online stalls on memory: offline shrinks now, not next period
                 stalled = pressure.sample(now)
@@ -447,10 +453,17 @@ class Harvest:
                     self.shrink_now(rate)
         files.close()
 
+    def _stopping(self) -> bool:
+        """The agent is stopping: the guard writes nothing more (under the lock, checked after the
+        agent's revert may have run, which would otherwise see its tree made again)."""
+        return self._guard_stop is not None and self._guard_stop.is_set()
+
     def shrink_now(self, online_millicpu: float) -> None:
         """Give the shared pool every lent cpu and cut the capacity, in the kernel, now."""
         owner = self.owner
         with owner.lock:
+            if self._stopping():
+                return
             lay = _layout(owner.topology, owner.state)
             self.sizer.force(len(lay.free), int(online_millicpu))
             lendable = len(owner.pools().lendable)

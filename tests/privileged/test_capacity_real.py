@@ -39,6 +39,7 @@ def test_online_load_shrinks_lending_and_evicts_low_first(tmp_path):
         while not stop.wait(config.period):
             agent.tick()
 
+    ticker = threading.Thread(target=loop, daemon=True)
     try:
         agent.admit({"name": "web", "qos": "shared_cores", "millicpu": 500})
         online = subprocess.Popen(WAITING_HOG, stdin=subprocess.PIPE, text=True)
@@ -50,7 +51,7 @@ def test_online_load_shrinks_lending_and_evicts_low_first(tmp_path):
             offline[tier] = subprocess.Popen(HOG)
             procs.append(offline[tier])
             agent.attach(f"batch-{tier}", offline[tier].pid)
-        threading.Thread(target=loop, daemon=True).start()
+        ticker.start()
         agent.start_guard()
         client = AgentClient(config.socket_path, timeout=30)
         shared_file = cpuset_dir(agent.driver, f"{base}/shared")
@@ -107,6 +108,8 @@ def test_online_load_shrinks_lending_and_evicts_low_first(tmp_path):
         assert agent.evictions_by_tier == {t: int(t in tiers) for t in ("low", "min", "high")}
     finally:
         stop.set()
+        if ticker.is_alive():  # a period mid-way would make the tree again after the revert
+            ticker.join()
         for proc in procs:
             if proc.poll() is None:
                 proc.kill()

@@ -157,7 +157,7 @@ def test_an_online_memory_pressure_step_throttles_offline_at_once(tmp_path):
     # memory.high far more: the threshold is the shipped 20% on v2 and, test-only, 1% on v1. The eviction
     # grace is an hour: the throttle is under test here, not eviction
     agent = make_agent(tmp_path, memory_pressure_threshold=20.0 if v2 else 1.0, eviction_grace=3600, period=1.0)
-    base, procs, stop, cleanup = agent.config.cgroup_base, {}, threading.Event(), []
+    base, procs, stop, cleanup, ticker = agent.config.cgroup_base, {}, threading.Event(), [], None
 
     def loop():
         while not stop.wait(agent.config.period):
@@ -185,7 +185,8 @@ def test_an_online_memory_pressure_step_throttles_offline_at_once(tmp_path):
             agent.attach("web", online.pid)
             agent.driver.write("memory", leaf, "memory.limit_in_bytes", str(48 * MIB))
         procs["web"] = online
-        threading.Thread(target=loop, daemon=True).start()
+        ticker = threading.Thread(target=loop, daemon=True)
+        ticker.start()
         agent.start_guard()  # as the CLI agent runs it
         time.sleep(3 * agent.config.period)
         assert agent.counters["pressure_throttles"] == 0 and agent.harvest.throttle.limit is None
@@ -211,6 +212,8 @@ def test_an_online_memory_pressure_step_throttles_offline_at_once(tmp_path):
         assert online.poll() is None
     finally:
         stop.set()
+        if ticker is not None:
+            ticker.join()  # a period mid-way would make the tree again after the revert
         finish(agent, procs.values())
         for path in cleanup:
             os.unlink(path)

@@ -80,10 +80,11 @@ def test_the_agent_knows_online_use_per_numa_node_on_either_hierarchy(tmp_path):
         while not stop.wait(config.period):
             agent.tick()
 
+    ticker = threading.Thread(target=loop, daemon=True)
     try:
         agent.admit({"name": "batch", "qos": "reclaimed_cores", "millicpu": 1000, "tier": "low"})
         agent.attach("batch", hog.pid)
-        threading.Thread(target=loop, daemon=True).start()
+        ticker.start()
         deadline = time.monotonic() + 30
         while agent.harvest.estimator.node_demand(time.monotonic()) is None:
             assert time.monotonic() < deadline, "no per-NUMA online figure"
@@ -92,6 +93,8 @@ def test_the_agent_knows_online_use_per_numa_node_on_either_hierarchy(tmp_path):
         assert set(nodes) == {n.id for n in TOPO.numa_nodes if n.cpus}
     finally:
         stop.set()
+        if ticker.is_alive():  # a period mid-way would make the tree again after the revert
+            ticker.join()
         hog.kill()
         hog.wait()
         agent.shutdown()

@@ -85,3 +85,20 @@ def test_v1_throttles_the_reported_capacity_not_the_hard_limit(tmp_path):
         assert agent.capacity_doc()["reclaimed"]["memory_bytes"] <= agent.harvest.throttle.limit < before
     finally:
         agent.shutdown()
+
+
+def test_nothing_is_cut_once_the_agent_stops(tmp_path):
+    # the guard's writes after a stop would make the tree again after --revert removed it
+    import threading
+
+    agent = throttled_agent(tmp_path, 2)
+    try:
+        stop = threading.Event()
+        agent.harvest.start_guard(stop)
+        stop.set()
+        writes = len(agent.driver.ops)
+        assert not agent.harvest.throttle_now(35.0) and agent.harvest.throttle.limit is None
+        agent.harvest.shrink_now(10_000)
+        assert len(agent.driver.ops) == writes and agent.counters["fast_shrinks"] == 0
+    finally:
+        agent.shutdown()
