@@ -69,12 +69,15 @@ class Eviction:
         return self.memory_evict_below if self.memory_evict_below is not None else default_watermark(total_bytes)
 
     def evict(self, alloc: Allocation, reason: str, epoch: Optional[float] = None, *, cause: str,
-              memory_bytes: Optional[int] = None) -> None:
+              memory_bytes: Optional[int] = None, capacity_millicpu: Optional[int] = None) -> None:
+        """``memory_bytes``: what the workload held (memory causes); ``capacity_millicpu``: the reclaimed
+        capacity the decision was made against (cpu cause)."""
         owner = self.owner
         pids = [pid for path in self.enforcement.cgroups_of(alloc)
                 for pid in self.enforcement.driver.kill(path, self.kill_signal)]
         record = {"name": alloc.name, "qos": alloc.qos.value, "tier": alloc.tier.value if alloc.qos is QoS.RECLAIMED
-                  else None, "millicpu": alloc.millicpu, "memory_bytes": memory_bytes, "cause": cause,
+                  else None, "millicpu": alloc.millicpu, "memory_bytes": memory_bytes,
+                  "capacity_millicpu": capacity_millicpu, "cause": cause,
                   "reason": reason, "pids": pids, "at": time.time() if epoch is None else epoch}
         self.evictions.append(record)
         del self.evictions[:-200]
@@ -106,7 +109,7 @@ class Eviction:
             return
         for alloc in victims:
             self.evict(alloc, f"reclaimed capacity fell to {capacity} millicpu and stayed there {self.grace:g}s",
-                       cause="cpu")
+                       cause="cpu", capacity_millicpu=capacity)
         self.overcommit_since = None
 
     def memory_use(self) -> Dict[str, Optional[int]]:

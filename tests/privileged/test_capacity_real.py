@@ -93,13 +93,17 @@ def test_online_load_shrinks_lending_and_evicts_low_first(tmp_path):
         while not agent.evictions and time.monotonic() < deadline:
             time.sleep(0.1)
         time.sleep(2 * config.period)  # the rest of the eviction pass, if it takes more than one
-        # evicted by tier, low first, until what is left fits the quota the kernel enforces (the unrounded
-        # capacity: work that fits it is throttled, not evicted)
+        # evicted by tier, low first, until what is left fits the quota the kernel enforced when the pass
+        # decided (the unrounded capacity: work that fits it is throttled, not evicted). The quota read
+        # now may have moved since (online use is measured again every period; the VM's was 806 at the
+        # eviction and 459 two periods later); a lower one is a later pass's business, after its grace.
         tiers = [e["tier"] for e in agent.evictions]
         assert tiers and tiers == ["low", "min", "high"][:len(tiers)], tiers
+        assert all(e["cause"] == "cpu" for e in agent.evictions)
         left = [t for t in ("low", "min", "high") if t not in tiers]
-        quota = agent.harvest.limits()[0]
-        assert 300 * len(left) <= quota, (tiers, quota)
+        seen = agent.evictions[-1]["capacity_millicpu"]
+        assert 300 * len(left) <= seen, (tiers, seen)
+        assert 300 * (len(left) + 1) > seen, (tiers, seen)  # and no more than that: one fewer would not fit
         for tier in tiers:
             offline[tier].wait(timeout=5)  # killed
             assert offline[tier].returncode == -9

@@ -141,6 +141,7 @@ def test_low_tier_is_evicted_before_min_and_high(tmp_path):
         agent.tick(now=26.0)
         assert [e["name"] for e in agent.evictions][2:] == ["min"]
         assert "reclaimed capacity fell to 2000 millicpu" in agent.evictions[-1]["reason"]
+        assert agent.evictions[-1]["capacity_millicpu"] == 2000 and agent.evictions[-1]["cause"] == "cpu"
     finally:
         agent.shutdown()
 
