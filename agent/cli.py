@@ -884,6 +884,33 @@ def bench_cpu_isolation(duration: float, repeats: int, period_ms: float, work_us
     emit_json(run(duration, repeats, period_ms, work_us))
 
 
+@bench.command("memory-isolation")
+@click.option("--box", "box_mib", default=512, show_default=True, type=click.IntRange(256, 1 << 20),
+              help="MiB of the node: a memory-limited cgroup the whole run lives in.")
+@click.option("--online-anon", "online_anon_mib", default=64, show_default=True, type=click.IntRange(1, 1 << 20),
+              help="MiB of anonymous memory in the online service's working set.")
+@click.option("--online-file", "online_file_mib", default=64, show_default=True, type=click.IntRange(1, 1 << 20),
+              help="MiB of page cache (a file it reads) in its working set.")
+@click.option("--offline-share", default=0.8, show_default=True, type=click.FloatRange(0.05, 2.0),
+              help="The offline job's anonymous memory as a share of what online leaves.")
+@click.option("--duration", default=10.0, show_default=True, type=click.FloatRange(1, 600),
+              help="Seconds each scenario runs per round.")
+@click.option("--repeats", default=2, show_default=True, type=click.IntRange(1, 50),
+              help="Rounds; in each the scenarios take turns.")
+@click.option("--dir", "directory", default="/var/tmp", show_default=True,
+              type=click.Path(exists=True, file_okay=False, writable=True),
+              help="Where the files go: a disk-backed filesystem (not tmpfs).")
+@click.option("--json", "as_json", is_flag=True, help="JSON output (always JSON).")
+def bench_memory_isolation(box_mib: int, online_anon_mib: int, online_file_mib: int, offline_share: float,
+                           duration: float, repeats: int, directory: str, as_json: bool) -> None:
+    """Online latency, faults and OOM kills vs offline memory harvest: none, a plain limit, Tidal (needs root)."""
+    from agent.bench.memory_isolation import run
+
+    emit_json(run(box_mib=box_mib, online_anon_mib=online_anon_mib, online_file_mib=online_file_mib,
+                  offline_share=offline_share, duration=duration, repeats=repeats, directory=directory,
+                  progress=lambda line: click.echo(f"memory-isolation: {line}", err=True)))
+
+
 @bench.command("reaction")
 @click.option("--steps", default=10, show_default=True, type=click.IntRange(1, 1000))
 @click.option("--json", "as_json", is_flag=True, help="JSON output (always JSON).")

@@ -112,6 +112,14 @@ if awk '\$3 == "cgroup" { found = 1 } END { exit !found }' /proc/self/mounts; th
 # virtme-ng hides the host's /etc/shadow behind an empty file mounted over it; useradd (the security
 # test's) replaces that file by a rename, which a mount point refuses. /etc is a writable overlay here.
 umount /etc/shadow 2>/dev/null || true
+# /var/tmp is tmpfs here, and a tmpfs file's pages are never reclaimed: a disk-backed ext4 over it (a loop
+# device on a file in the writable 9p directory), for what measures page cache (bench memory-isolation)
+if modprobe loop 2>/dev/null; truncate -s 4G "$OUT/var-tmp.img" && mkfs.ext4 -q -F "$OUT/var-tmp.img" \
+        && mount -o loop "$OUT/var-tmp.img" /var/tmp; then
+    echo "/var/tmp: ext4 on a loop device"
+else
+    echo "/var/tmp: no loop device; stays tmpfs"
+fi
 export TIDAL_REQUIRE_CGROUP2=1
 ${TIDAL_VM_COMMAND:-.venv/bin/python -m pytest -p no:cacheprovider -m privileged -rs $TESTS ${PYTEST_ARGS:-}}
 EOF

@@ -111,6 +111,7 @@ class Capacity:
     source: str  # "usage", "yesterday", "requests"
     numa: Tuple[Tuple[int, int, int], ...] = ()  # (node, millicpu, memory_bytes)
     limit_millicpu: Optional[int] = None  # the unrounded estimate: the kernel's quota cap
+    limit_memory_bytes: Optional[int] = None  # the unrounded estimate: the kernel's memory limit
 
     @property
     def cap_millicpu(self) -> int:
@@ -183,7 +184,8 @@ class CapacityEstimator:
         self._current, self._last_update = (cur_cpu, cur_mem), now
         cpu = cur_cpu // 1000 * 1000
         mem = cur_mem // MEMORY_STEP * MEMORY_STEP
-        return Capacity(cpu, mem, source, self._per_node(now, numa, cpu, mem), limit_millicpu=cur_cpu)
+        return Capacity(cpu, mem, source, self._per_node(now, numa, cpu, mem), limit_millicpu=cur_cpu,
+                        limit_memory_bytes=cur_mem)
 
     def _per_node(self, now: float, numa, cpu: int, mem: int) -> Tuple[Tuple[int, int, int], ...]:
         """Each node's share: its allocatable less its own online peak x (1 + buffer) where

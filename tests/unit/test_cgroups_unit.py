@@ -356,3 +356,48 @@ def test_revert_gives_a_kubelet_container_back_what_it_inherited_not_its_narrowe
     assert report.ok, report.failed
     assert driver.read("", "kubepods/pod1", "cpuset.cpus") == ""  # unpopulated: empty again
     assert driver.read("", "kubepods/pod1/c1", "cpuset.cpus") == "0-15"  # what empty would give it
+
+
+def _limited_tree(tmp_path, version):
+    """A fake hierarchy where Tidal's parent is ``/box/agent`` and ``/box`` carries a 512 MiB limit."""
+    mib = 1 << 20
+    (tmp_path / "proc/self").mkdir(parents=True)
+    if version == 2:
+        (tmp_path / "proc/self/mounts").write_text("cgroup2 /sys/fs/cgroup cgroup2 rw 0 0\n")
+        mount = tmp_path / "sys/fs/cgroup"
+        names = ("memory.max", "memory.current", "inactive_file", "max")
+    else:
+        (tmp_path / "proc/self/mounts").write_text(
+            "cgroup /sys/fs/cgroup/memory cgroup rw,memory 0 0\ncgroup /sys/fs/cgroup/cpu cgroup rw,cpu 0 0\n"
+            "cgroup /sys/fs/cgroup/cpuset cgroup rw,cpuset 0 0\n")
+        mount = tmp_path / "sys/fs/cgroup/memory"
+        names = ("memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file", "9223372036854771712")
+    (mount / "box/agent").mkdir(parents=True)
+    (mount / "cgroup.controllers").write_text("cpuset cpu memory\n")
+    for directory, limit in ((mount, names[3]), (mount / "box", str(512 * mib)), (mount / "box/agent", names[3])):
+        (directory / names[0]).write_text(limit + "\n")
+        (directory / names[1]).write_text(str(300 * mib) + "\n")
+        (directory / "memory.stat").write_text(f"anon 1\n{names[2]} {50 * mib}\nfile 9\n")
+    fs = HostFS(str(tmp_path))
+    return KernelCgroups(detect(fs), fs, parent="/box/agent"), mount
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_memory_ceiling_is_the_tightest_limit_above_the_tree(tmp_path, version):
+    mib = 1 << 20
+    driver, mount = _limited_tree(tmp_path, version)
+    # the limit on /box, and what it leaves: 512 - (300 used - 50 inactive page cache) MiB
+    assert driver.memory_ceiling() == (512 * mib, 262 * mib)
+    name = "memory.max" if version == 2 else "memory.limit_in_bytes"
+    (mount / "box/agent" / name).write_text(str(400 * mib))  # a tighter limit below it wins
+    assert driver.memory_ceiling() == (400 * mib, 150 * mib)
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_no_memory_ceiling_without_a_limit(tmp_path, version):
+    driver, mount = _limited_tree(tmp_path, version)
+    name = "memory.max" if version == 2 else "memory.limit_in_bytes"
+    (mount / "box" / name).write_text("max\n" if version == 2 else "9223372036854771712\n")
+    assert driver.memory_ceiling() is None
+    (mount / "box" / name).write_text("garbage\n")  # an odd file is no limit, not an error
+    assert driver.memory_ceiling() is None

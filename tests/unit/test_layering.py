@@ -30,6 +30,7 @@ WRITERS = {
     "agent/topology/synthetic.py": "synthetic sysfs trees for tests and benchmarks",
     "agent/bench/wakeup.py": "the PM QoS request (/dev/cpu_dma_latency) a benchmark holds",
     "agent/bench/netlab.py": "a benchmark process joins its own test cgroup",
+    "agent/bench/memory_isolation.py": "the benchmark's data files (the working set and the stream it reads)",
     "cluster/extender.py": "recorded scheduler bodies (--record-dir)",
 }
 KERNEL_FILE = re.compile(r"^(cgroup\.(procs|subtree_control|threads)|cpuset\.(cpus|mems)(\.partition)?|"

@@ -41,6 +41,7 @@ class CgroupDriver(Protocol):
     def where(self, path: str) -> Dict[str, str]: ...
     def prepare(self, base: str) -> List[int]: ...
     def pressure(self, path: str, resource: str) -> Optional[Dict[str, Dict[str, float]]]: ...
+    def memory_ceiling(self) -> Optional[Tuple[int, int]]: ...
 
 
 def own_cgroups(fs: HostFS, pid: str = "self") -> Dict[str, str]:
@@ -55,6 +56,7 @@ def own_cgroups(fs: HostFS, pid: str = "self") -> Dict[str, str]:
     return result
 
 
+UNLIMITED_BYTES = 1 << 60  # v1 writes "no limit" as the page counter's maximum (9223372036854771712)
 UNIFIED = "unified"  # key of the hybrid host's membership-only cgroup2 tree in KernelCgroups.bases
 
 
@@ -413,6 +415,30 @@ class KernelCgroups:
             text = self.read("", path, "memory.current")
         return int(text) if text and text.strip().isdigit() else None
 
+    def memory_ceiling(self) -> Optional[Tuple[int, int]]:
+        """The tightest memory limit on the parent Tidal was given and its ancestors, as ``(limit,
+        available)`` bytes, where available is that limit less what the limited cgroup holds, its
+        inactive page cache counted free (as ``MemAvailable`` counts it); ``None`` when nothing above
+        Tidal's tree limits memory (the machine's memory is the node's). A parent with a limit (a
+        delegated systemd slice with ``MemoryMax=``, a container) bounds what Tidal can lend."""
+        key = "" if self.version == 2 else "memory"
+        if key not in self.bases:
+            return None
+        root = self.fs.path(self.mounts.mount_of(key or "cpu")).rstrip("/")
+        names = ("memory.max", "memory.current", "inactive_file") if self.version == 2 else \
+            ("memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file")
+        ceiling: Optional[Tuple[int, int]] = None
+        directory = self.bases[key].rstrip("/")
+        while len(directory) > len(root):
+            limit = _read_int(os.path.join(directory, names[0]))
+            if limit is not None and limit < UNLIMITED_BYTES:
+                used = _read_int(os.path.join(directory, names[1])) or 0
+                inactive = _stat_field(os.path.join(directory, "memory.stat"), names[2]) or 0
+                available = max(0, limit - max(0, used - inactive))
+                ceiling = (limit, available) if ceiling is None else (min(ceiling[0], limit), min(ceiling[1], available))
+            directory = os.path.dirname(directory)
+        return ceiling
+
     def kill(self, path: str, sig: int) -> List[int]:
         """Signal every process of the cgroup and its descendants; returns the pids signalled."""
         signalled = []
@@ -519,6 +545,28 @@ def _int_or_none(text: Optional[str]) -> Optional[int]:
     return int(text) if text and text.strip().isdigit() else None
 
 
+def _read_int(path: str) -> Optional[int]:
+    """A cgroup file holding one number; ``None`` when absent, unreadable or not a number (v2's ``max``)."""
+    try:
+        with open(path) as handle:
+            return _int_or_none(handle.read())
+    except OSError:
+        return None
+
+
+def _stat_field(path: str, name: str) -> Optional[int]:
+    """One field of a flat-keyed cgroup file (``memory.stat``)."""
+    try:
+        with open(path) as handle:
+            for line in handle:
+                key, _, value = line.partition(" ")
+                if key == name:
+                    return _int_or_none(value)
+    except OSError:
+        pass
+    return None
+
+
 def procs_in_tree(driver, path: str) -> List[int]:
     """Processes of a cgroup and its descendants."""
     pids = list(driver.procs(path))
@@ -541,6 +589,7 @@ class RecordingCgroups:
         self.usage: Dict[str, int] = {}
         self.memory: Dict[str, int] = {}
         self.percpu: Dict[str, List[int]] = {}
+        self.ceiling: Optional[Tuple[int, int]] = None  # (limit, available) above the tree, as tests set it
 
     def where(self, path: str) -> Dict[str, str]:
         return {"recorded": path}
@@ -556,6 +605,9 @@ class RecordingCgroups:
 
     def pressure(self, path: str, resource: str) -> Optional[Dict[str, Dict[str, float]]]:
         return None
+
+    def memory_ceiling(self) -> Optional[Tuple[int, int]]:
+        return self.ceiling
 
     def exists(self, path: str) -> bool:
         return path in self.files
