@@ -125,7 +125,9 @@ def check_disk_backed(directory: str) -> str:
     """The filesystem type under ``directory``; a ``TidalError`` where page cache would not be reclaimable."""
     import psutil
 
-    parts = sorted(psutil.disk_partitions(all=True), key=lambda p: len(p.mountpoint), reverse=True)
+    # the longest mount point holding it; of several at one point, the last mounted (it hides the others)
+    listed = list(enumerate(psutil.disk_partitions(all=True)))
+    parts = [p for _, p in sorted(listed, key=lambda ip: (len(ip[1].mountpoint), ip[0]), reverse=True)]
     real = os.path.realpath(directory)
     for part in parts:
         if real == part.mountpoint or real.startswith(part.mountpoint.rstrip("/") + "/"):

@@ -19,6 +19,8 @@ MIB = 1 << 20
 
 def disk_directory():
     for directory in ("/var/tmp", os.getcwd()):
+        if not os.access(directory, os.W_OK) or os.statvfs(directory).f_flag & os.ST_RDONLY:
+            continue
         try:
             memory_isolation.check_disk_backed(directory)
             return directory
