@@ -59,6 +59,20 @@ DEFAULT_SOCKET = "/run/tidal/tidal.sock"
 DEFAULT_STATE_DIR = "/var/lib/tidal"
 
 
+def kubelet_pod_of_self(proc_cgroup: str = "/proc/self/cgroup") -> Optional[str]:
+    """The kubelet pod cgroup this process runs in (a ``kubepods`` path in /proc/self/cgroup), if any."""
+    try:
+        with open(proc_cgroup) as handle:
+            lines = handle.read().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        path = line.split(":", 2)[-1]
+        if "/kubepods" in path or path.startswith("kubepods"):
+            return path
+    return None
+
+
 @dataclass(frozen=True)
 class AgentConfig:
     root: str = "/"
@@ -251,7 +265,12 @@ class Agent:
             self.helper_join.join = lambda pid: self.driver.move(f"{cfg.cgroup_base}/{HELPERS}", pid)
         if cfg.net is not None:
             self._start_net()
-        if cfg.confine_self and not cfg.record_cgroups and owner.pools().reserved:
+        in_pod = kubelet_pod_of_self()
+        if cfg.confine_self and in_pod:
+            # a DaemonSet pod: leaving the pod's cgroups would take the agent out of its limits and out of
+            # the kubelet's accounting; the pod is placed like any other (deploy/ annotates it system_cores)
+            self.echo(f"tidal agent: in the kubelet's pod cgroup {in_pod}: staying there (its pod sets its cpus)")
+        elif cfg.confine_self and not cfg.record_cgroups and owner.pools().reserved:
             try:
                 self.driver.move(f"{cfg.cgroup_base}/system", os.getpid())
             except CgroupError as exc:

@@ -338,3 +338,35 @@ def test_a_cgroup_base_that_is_not_a_tree_of_its_own_is_refused(tmp_path, bad):
     assert done.returncode == 2
     lines = [line for line in done.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "must be a relative path of names" in lines[0], done.stderr
+
+
+@needs_two_cpus
+def test_narrowing_a_v1_cpuset_narrows_children_tidal_was_not_told_of(base, procs):
+    """A kubelet pod's cgroup has children the agent never placed (the sandbox's): v1 refuses to
+    narrow a parent past a child (EBUSY), so the driver narrows the children first. Found by the
+    node tier: every write of a pod's cpus failed, once a second, for as long as the pod ran."""
+    driver = KernelCgroups(detect(HostFS("/")), parent="self")
+    if driver.version != 1:
+        pytest.skip("v2 narrows a parent's cpuset.cpus whatever its children hold")
+    cpus = sorted(TOPO.online_cpus())
+    every, last = f"{cpus[0]}-{cpus[-1]}" if len(cpus) > 1 else str(cpus[0]), str(cpus[-1])
+    driver.create(base)
+    driver.write("cpuset", base, "cpuset.cpus", every)
+    driver.write("cpuset", base, "cpuset.mems", "0")
+    for child in ("sandbox", "sandbox/deeper", "container"):
+        driver.create(f"{base}/{child}")
+        driver.write("cpuset", f"{base}/{child}", "cpuset.mems", "0")
+        driver.write("cpuset", f"{base}/{child}", "cpuset.cpus", every)
+    driver.write("cpuset", f"{base}/container", "cpuset.cpus", last)  # already inside: left alone
+    sleeper = procs()
+    driver.move(f"{base}/sandbox/deeper", sleeper.pid)
+
+    driver.write("cpuset", base, "cpuset.cpus", last)
+
+    for path in (base, f"{base}/sandbox", f"{base}/sandbox/deeper", f"{base}/container"):
+        assert parse_cpulist(driver.read("cpuset", path, "cpuset.cpus").strip()) == (cpus[-1],), path
+    assert allowed(sleeper.pid) == {cpus[-1]}
+    sleeper.kill()
+    sleeper.wait()
+    for child in ("sandbox/deeper", "sandbox", "container"):
+        driver.remove(f"{base}/{child}")

@@ -623,3 +623,18 @@ def test_single_numa_node_binds_every_dedicated_pod():
     assert isinstance(refused, Rejection) and "single-numa-node" in refused.reason
     spread = allocate(topo, initial_state(topo, ()), parse_request(dict(big, single_numa_node=False)))
     assert spread.mems == (0, 1)  # without the policy, the fewest whole nodes
+
+
+@pytest.mark.parametrize("text, pod", [
+    ("12:cpuset:/kubepods/burstable/pod1a2b/c0ffee\n0::/kubepods/burstable/pod1a2b/c0ffee\n",
+     "/kubepods/burstable/pod1a2b/c0ffee"),
+    ("0::/kubepods.slice/kubepods-pod1a2b.slice/cri-containerd-c0ffee.scope\n",
+     "/kubepods.slice/kubepods-pod1a2b.slice/cri-containerd-c0ffee.scope"),
+    ("3:cpuset:/tidal/system\n0::/system.slice/tidal.service\n", None),
+], ids=["cgroupfs-v1", "systemd-v2", "systemd-unit"])
+def test_the_agent_knows_when_it_runs_in_a_kubelet_pod(tmp_path, text, pod):
+    from agent.daemon import kubelet_pod_of_self
+
+    path = tmp_path / "cgroup"
+    path.write_text(text)
+    assert kubelet_pod_of_self(str(path)) == pod

@@ -19,6 +19,9 @@ from typing import Dict, List, Optional, Protocol, Tuple
 from agent.isolation.cgroups.detect import CgroupError, CgroupMounts
 from agent.topology.hostfs import HostFS
 
+# v1 cpuset files whose value must stay within the parent's (children first when narrowing)
+NESTED_CPUSET_FILES = ("cpuset.cpus", "cpuset.mems")
+
 
 class CgroupDriver(Protocol):
     version: int
@@ -330,13 +333,44 @@ class KernelCgroups:
     def write(self, controller: str, path: str, file: str, text: str) -> None:
         target = os.path.join(self._dir(controller, path), file)
         try:
-            fd = os.open(target, os.O_WRONLY | os.O_CLOEXEC | (os.O_CREAT if self._fake_tree() else 0), 0o644)
-            try:
-                os.write(fd, text.encode() if text else b"\n")
-            finally:
-                os.close(fd)
+            self._write_file(target, text)
         except OSError as exc:
-            raise CgroupError(f"{target}: write {text!r} refused: {exc.strerror}") from None
+            if not (exc.errno == errno.EBUSY and self.version == 1 and file in NESTED_CPUSET_FILES):
+                raise CgroupError(f"{target}: write {text!r} refused: {exc.strerror}") from None
+            # v1 refuses to narrow a cpuset that a child's reaches past (cpuset(7): EBUSY); a
+            # kubelet pod's cgroup has children Tidal is not told of (the sandbox's, a container
+            # starting). They are narrowed first, to what they keep of the new set, then the parent.
+            self._narrow_children(controller, path, file, text)
+            try:
+                self._write_file(target, text)
+            except OSError as again:
+                raise CgroupError(f"{target}: write {text!r} refused: {again.strerror}") from None
+
+    def _write_file(self, target: str, text: str) -> None:
+        fd = os.open(target, os.O_WRONLY | os.O_CLOEXEC | (os.O_CREAT if self._fake_tree() else 0), 0o644)
+        try:
+            os.write(fd, text.encode() if text else b"\n")
+        finally:
+            os.close(fd)
+
+    def _narrow_children(self, controller: str, path: str, file: str, text: str) -> None:
+        from agent.topology.parse import format_cpulist, parse_cpulist
+
+        wanted = set(parse_cpulist(text.strip()))
+        directory = self._dir(controller, path)
+        try:
+            names = sorted(e for e in os.listdir(directory) if os.path.isdir(os.path.join(directory, e)))
+        except OSError:
+            return
+        for name in names:
+            child = f"{path.rstrip('/')}/{name}"
+            held = self.read(controller, child, file)
+            if held is None:
+                continue
+            have = set(parse_cpulist(held.strip())) if held.strip() else set()
+            if have <= wanted:
+                continue
+            self.write(controller, child, file, format_cpulist(sorted(have & wanted) or sorted(wanted)))
 
     def _fake_tree(self) -> bool:
         """Captured or fake trees (tests of v2 on this v1 machine) are plain files: create them."""
