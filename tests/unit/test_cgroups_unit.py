@@ -401,3 +401,18 @@ def test_no_memory_ceiling_without_a_limit(tmp_path, version):
     assert driver.memory_ceiling() is None
     (mount / "box" / name).write_text("garbage\n")  # an odd file is no limit, not an error
     assert driver.memory_ceiling() is None
+
+
+def test_a_system_cores_pod_is_written_where_the_kubelet_put_it_and_a_local_one_shares_tidal_system():
+    """Found on a real kubelet: the agent's own DaemonSet pod (system_cores) was admitted and never
+    confined, because system workloads were skipped wherever they lived."""
+    state = state_of({"name": "tidal-system.agent", "qos": "system_cores"}, {"name": "local-sys", "qos": "system_cores"})
+    pool = pools(TOPO, state)
+    pod_paths = ["kubepods/burstable/poduid", "kubepods/burstable/poduid/c0ffee"]
+    specs = desired_tree(TOPO, state, pool, CgroupOptions(), {"cpu.idle": True},
+                         placements={"tidal-system.agent": pod_paths})
+    written = {s.path: s.knobs for s in specs}
+    from agent.topology.parse import format_cpulist
+    for path in pod_paths:
+        assert written[path]["cpus"] == format_cpulist(pool.reserved or pool.shared), path
+    assert not [p for p in written if p.endswith("local-sys")]  # a local system workload shares tidal/system

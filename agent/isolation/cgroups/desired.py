@@ -158,11 +158,11 @@ def desired_tree(topo: Topology, state: State, pools: Pools, options: CgroupOpti
                                                       "cpu_shares": TIER_SHARES[tier]}) for tier in TIERS]
     external: List[CgroupSpec] = []
     for alloc in state.allocations:
-        if alloc.qos is QoS.SYSTEM:
-            continue  # system workloads share tidal/system
+        paths = placements.get(alloc.name)
+        if alloc.qos is QoS.SYSTEM and paths is None and alloc.source != KUBERNETES:
+            continue  # system workloads in Tidal's tree share tidal/system; a pod's live in its own cgroups
         given = assignment(topo, alloc, pools, harvest)
         knobs: Dict[str, object] = {"cpus": format_cpulist(given.cpus), "mems": format_cpulist(given.mems)}
-        paths = placements.get(alloc.name)
         if paths is not None or alloc.source == KUBERNETES:
             # where the kubelet (or runtime) put its processes; nothing until it made them
             if given.cpu_idle and cpu_idle:
