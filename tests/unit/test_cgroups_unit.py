@@ -416,3 +416,15 @@ def test_a_system_cores_pod_is_written_where_the_kubelet_put_it_and_a_local_one_
     for path in pod_paths:
         assert written[path]["cpus"] == format_cpulist(pool.reserved or pool.shared), path
     assert not [p for p in written if p.endswith("local-sys")]  # a local system workload shares tidal/system
+
+
+@pytest.mark.parametrize("cpu_idle", [True, False], ids=["cpu.idle", "no-cpu.idle"])
+def test_a_reclaimed_pod_in_the_kubelets_cgroups_is_capped_at_the_reclaimed_capacity_at_the_lowest_priority(cpu_idle):
+    state = state_of({"name": "default.batch", "qos": "reclaimed_cores", "millicpu": 500, "tier": "low"})
+    options = CgroupOptions(reclaimed_cap_millicpu=700)
+    paths = ["kubepods/besteffort/poduid", "kubepods/besteffort/poduid/c0ffee"]
+    specs = {s.path: s.knobs for s in desired_tree(TOPO, state, pools(TOPO, state), options, {"cpu.idle": cpu_idle},
+                                                   placements={"default.batch": paths})}
+    for path in paths:
+        assert specs[path]["cpu_max"] == specs["tidal/reclaimed"]["cpu_max"] == (70000, 100000), path
+        assert (specs[path].get("cpu_idle"), specs[path].get("cpu_shares")) == ((1, None) if cpu_idle else (None, 2))

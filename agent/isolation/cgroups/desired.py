@@ -165,8 +165,11 @@ def desired_tree(topo: Topology, state: State, pools: Pools, options: CgroupOpti
         knobs: Dict[str, object] = {"cpus": format_cpulist(given.cpus), "mems": format_cpulist(given.mems)}
         if paths is not None or alloc.source == KUBERNETES:
             # where the kubelet (or runtime) put its processes; nothing until it made them
-            if given.cpu_idle and cpu_idle:
-                knobs["cpu_idle"] = 1
+            if given.cpu_idle:
+                # the kubelet gives reclaimed pods no common parent to cap as Tidal's tree has: each pod
+                # is capped at the node's whole reclaimed capacity, at the lowest priority
+                knobs["cpu_max"] = reclaimed_parent["cpu_max"]
+                knobs.update({"cpu_idle": 1} if cpu_idle else {"cpu_shares": 2})
             external += [CgroupSpec(path, dict(knobs), alloc.name, external=True) for path in paths or ()]
             continue
         if given.cpu_shares is not None:
