@@ -13,7 +13,7 @@ PYTEST_ARGS ?=
 PREFIX ?= /opt/tidal
 UNIT_DIR ?= /etc/systemd/system
 
-.PHONY: all install deps test test-cgroup2 bench-hierarchies run bench clean clean-test-leftovers k8s-testbin nrt-scheduler yarn-testbin
+.PHONY: all install deps test test-cgroup2 bench-hierarchies run bench clean clean-test-leftovers k8s-testbin nrt-scheduler yarn-testbin node-testbin image
 
 all: test
 
@@ -61,6 +61,16 @@ nrt-scheduler:
 # tier (tests/yarn); cached outside the repository like k8s-testbin
 yarn-testbin:
 	sh scripts/yarn-testbin.sh
+
+# containerd 2.x, runc and the pause and busybox images (OCI archives) for the node tier (pytest -m node:
+# a kubelet from k8s-testbin runs Tidal's image as the DaemonSet); cached outside the repository
+node-testbin: deps
+	sh scripts/node-testbin.sh
+
+# Tidal's image with no registry and no container engine (mmdebstrap + umoci, root):
+# dist/tidal_<version>.oci.tar, docker.io/library/tidal:<version>, the name deploy/ uses
+image: deps
+	sh scripts/image.sh
 
 run: deps $(STAMP)
 	$(BIN)/tidal agent

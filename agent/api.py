@@ -4,6 +4,7 @@
 |--------|-------------------------------|---------------------|----------------------------------|
 | GET    | /v1/health                    |                     | 200 {"ok": true}                 |
 | GET    | /v1/workloads                 |                     | 200 {"workloads": [...]}         |
+| GET    | /v1/assignments               |                     | 200 {"assignments": {name: {qos, cpus, mems, cpu_shares, cpu_idle}}}, from memory (no kernel read) |
 | POST   | /v1/workloads                 | a request document  | 201 {"workload": {...}}          |
 | DELETE | /v1/workloads/<name>          |                     | 200 {"released": name}           |
 | POST   | /v1/workloads/<name>/attach   | {"pid": N}          | 200 {"workload": {...}}          |
@@ -68,6 +69,8 @@ class AgentFace(Protocol):
     def take_back(self, notice: Any) -> Dict[str, Any]: ...
     def net_status(self) -> Dict[str, Any]: ...
     def workloads(self) -> List[Dict[str, Any]]: ...
+    def assignments(self) -> Dict[str, Any]: ...
+    def runtime_seen(self, nri_state: str) -> None: ...
     def admit(self, doc: Any, source: str = ..., owner: Optional[int] = ...) -> Dict[str, Any]: ...
     def release(self, name: str) -> None: ...
     def attach(self, name: str, pid: Any) -> Dict[str, Any]: ...
@@ -170,6 +173,13 @@ class _Handler(BaseHTTPRequestHandler):
                                         "by_cause": agent.evictions_by_cause})
             if method == "GET" and route == ["net"]:
                 return self._send(200, agent.net_status())
+            if method == "GET" and route == ["assignments"]:
+                # the NRI plugin says it is registered with the runtime on every refresh (X-Tidal-NRI:
+                # registered | connecting): `tidal status` tells which road confines pods from it
+                nri = self.headers.get("X-Tidal-NRI")
+                if nri in ("registered", "connecting"):
+                    agent.runtime_seen(nri)
+                return self._send(200, agent.assignments())
             if method == "GET" and route == ["workloads"]:
                 return self._send(200, {"workloads": agent.workloads()})
             if method == "POST" and route == ["workloads"]:

@@ -480,6 +480,12 @@ def status(socket_path: str, as_json: bool) -> None:
             click.echo(f"  {path}: plain cpuset, partition refused: {reason}")
     for name in ("reserved", "shared", "reclaimed", "dedicated"):
         click.echo(f"  {name:<10} {pools_[name] or '-'}")
+    runtime = data.get("runtime")
+    if runtime and data.get("workloads_by_source", {}).get("kubernetes") or (runtime or {}).get("nri_last_heard_seconds"):
+        road = ("the runtime, through Tidal's NRI plugin, at container creation; the agent's own cgroup writes too"
+                if runtime["pods_confined_by"] != "kubelet-cgroups" else
+                f"the agent's writes of the kubelet's cgroups (NRI plugin: {runtime['nri_plugin']})")
+        click.echo(f"pods confined by {road}")
     if "online_millicpu" in data:
         declared = ", ".join(f"{c['path']} {'-' if c['millicpu'] is None else str(c['millicpu']) + 'm'}"
                              for c in data.get("offline_cgroups", []))

@@ -57,6 +57,8 @@ log = logging.getLogger("tidal.agent")
 
 DEFAULT_SOCKET = "/run/tidal/tidal.sock"
 DEFAULT_STATE_DIR = "/var/lib/tidal"
+# the NRI plugin refreshes its copy of the assignments every 250 ms; silent this long, it is gone
+NRI_FRESH_SECONDS = 10.0
 
 
 def kubelet_pod_of_self(proc_cgroup: str = "/proc/self/cgroup") -> Optional[str]:
@@ -345,6 +347,23 @@ class Agent:
     def workloads(self) -> List[Dict[str, Any]]:
         return self.admission.workloads()
 
+    def assignments(self) -> Dict[str, Any]:
+        return self.admission.assignments()
+
+    def runtime_seen(self, nri_state: str) -> None:
+        self.nri_seen = (nri_state, time.monotonic())
+
+    def runtime_integration(self) -> Dict[str, Any]:
+        """Which road applies pods' cpusets: the runtime through Tidal's NRI plugin (registered and heard
+        from within NRI_FRESH_SECONDS), else the agent's own writes of the kubelet's cgroups (always on:
+        they write the same values, and are the whole road where the runtime has no NRI)."""
+        state, at = getattr(self, "nri_seen", (None, 0.0))
+        age = time.monotonic() - at if state else None
+        live = state == "registered" and age is not None and age < NRI_FRESH_SECONDS
+        return {"pods_confined_by": "nri+kubelet-cgroups" if live else "kubelet-cgroups",
+                "nri_plugin": state if age is not None and age < NRI_FRESH_SECONDS else "not heard from",
+                "nri_last_heard_seconds": round(age, 1) if age is not None else None}
+
     def lend(self, notice: Any) -> Dict[str, Any]:
         return self.node.lend(notice)
 
@@ -400,6 +419,7 @@ class Agent:
                 "push": self.pusher.records() if self.pusher is not None else [],
                 "last_reconcile_ms": round(self.last_reconcile_ms, 3),
                 "state_file": self.store.path, "socket": self.config.socket_path,
+                "runtime": self.runtime_integration(),
             }
 
     def memory_status(self) -> Dict[str, Any]:

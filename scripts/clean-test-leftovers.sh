@@ -2,14 +2,43 @@
 # What a test or benchmark run that was killed (SIGKILL, a lost session) could not remove:
 # network namespaces named tdl<6 hex>[hpw] (agent/bench/netlab.py) and cgroup trees named
 # tidal-test-* / tidal-bench-* at the top of each hierarchy, the memory tier's working-set files
-# /var/tmp/tidal-test-working-set-*.bin (tests/privileged/test_memory_real.py). Only empty
-# cgroups are removed (rmdir refuses others); run it when no test is running.
+# /var/tmp/tidal-test-working-set-*.bin (tests/privileged/test_memory_real.py); from the node tier
+# (tests/node): its kubelet, containerd and their shims and containers (every process whose command
+# line names a /tmp/tidal-k8s-* directory), the mounts under those directories, its veth link
+# tnd<8 hex>, and the kubepods cgroups when no kubelet runs. Only empty cgroups are removed (rmdir
+# refuses others); run it when no test is running.
 set -u
 [ "$(id -u)" = 0 ] || { echo "clean-test-leftovers: needs root" >&2; exit 2; }
 removed=0
 for ns in $(ip netns list 2>/dev/null | awk '{print $1}' | grep -E '^tdl[0-9a-f]{6}[hpw]$'); do
     ip netns del "$ns" && removed=$((removed + 1)) && echo "netns $ns"
 done
+for pid in $(pgrep -f '/tmp/tidal-k8s-' 2>/dev/null); do
+    [ "$pid" = "$$" ] && continue
+    kill -9 "$pid" 2>/dev/null && removed=$((removed + 1)) && echo "process $pid"
+done
+# the node tier's containers: their shims were killed above; what they ran is in the kubepods cgroups
+for procs in $(find /sys/fs/cgroup/cpuset/kubepods /sys/fs/cgroup/kubepods -name cgroup.procs 2>/dev/null); do
+    pgrep -x kubelet >/dev/null 2>&1 && break
+    for pid in $(cat "$procs" 2>/dev/null); do kill -9 "$pid" 2>/dev/null && echo "process $pid (a pod's)"; done
+done
+sleep 1
+for point in $(awk '{print $5}' /proc/self/mountinfo | grep '^/tmp/tidal-k8s-' | sort -r); do
+    umount -l "$point" 2>/dev/null && removed=$((removed + 1)) && echo "mount $point"
+done
+for link in $(ip -o link show 2>/dev/null | awk -F': ' '{print $2}' | sed 's/@.*//' | grep -E '^tnd[0-9a-f]{8}$'); do
+    ip link del "$link" 2>/dev/null && removed=$((removed + 1)) && echo "link $link"
+done
+if ! pgrep -x kubelet >/dev/null 2>&1; then
+    for tree in /sys/fs/cgroup/*/kubepods /sys/fs/cgroup/kubepods; do
+        [ -d "$tree" ] || continue
+        if find "$tree" -depth -type d -exec rmdir {} \; 2>/dev/null && [ ! -d "$tree" ]; then
+            removed=$((removed + 1)) && echo "cgroup $tree"
+        else
+            echo "cgroup $tree: still has tasks, left alone" >&2
+        fi
+    done
+fi
 for top in /sys/fs/cgroup /sys/fs/cgroup/*; do
     [ -d "$top" ] || continue
     for tree in "$top"/tidal-test-* "$top"/tidal-bench-*; do

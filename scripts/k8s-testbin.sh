@@ -1,8 +1,10 @@
 #!/bin/sh
 # Build the real control plane the Kubernetes end-to-end tests run against:
-# kube-apiserver and kube-scheduler from the k8s.io/kubernetes Go module, and
-# etcd from go.etcd.io/etcd/server/v3, all from the Go module proxy. Cached
-# outside the repository (a second run returns at once).
+# kube-apiserver, kube-scheduler and kube-controller-manager from the
+# k8s.io/kubernetes Go module, the node's kubelet and kubectl (the node tier),
+# and etcd from go.etcd.io/etcd/server/v3, all from the Go module proxy. Cached
+# outside the repository: a second run returns at once, and a cache that lacks
+# some of them (an older one) builds only those.
 #
 #   K8S_VERSION=1.34.4 ETCD_VERSION=3.5.21 TIDAL_K8S_TESTBIN=DIR sh scripts/k8s-testbin.sh
 #
@@ -14,7 +16,10 @@ set -eu
 K8S_VERSION="${K8S_VERSION:-1.34.4}"
 ETCD_VERSION="${ETCD_VERSION:-3.5.21}"
 DEST="${TIDAL_K8S_TESTBIN:-${XDG_CACHE_HOME:-$HOME/.cache}/tidal/k8s-testbin/v$K8S_VERSION}"
-if [ -x "$DEST/kube-apiserver" ] && [ -x "$DEST/kube-scheduler" ] && [ -x "$DEST/etcd" ]; then
+KUBE_COMMANDS="kube-apiserver kube-scheduler kube-controller-manager kubelet kubectl"
+missing=""
+for bin in $KUBE_COMMANDS; do [ -x "$DEST/$bin" ] || missing="$missing $bin"; done
+if [ -z "$missing" ] && [ -x "$DEST/etcd" ]; then
     echo "k8s-testbin: cached in $DEST"
     exit 0
 fi
@@ -24,7 +29,7 @@ work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 staging_tag="v0.${K8S_VERSION#1.}"
 
-echo "k8s-testbin: kube-apiserver and kube-scheduler v$K8S_VERSION (takes a while: it compiles Kubernetes)"
+echo "k8s-testbin:$missing v$K8S_VERSION (takes a while: it compiles Kubernetes)"
 mkdir -p "$work/k8s"
 cd "$work/k8s"
 gomod="$(GOFLAGS=-mod=mod go mod download -json "k8s.io/kubernetes@v$K8S_VERSION" | sed -n 's/.*"GoMod": "\(.*\)".*/\1/p')"
@@ -39,20 +44,23 @@ gomod="$(GOFLAGS=-mod=mod go mod download -json "k8s.io/kubernetes@v$K8S_VERSION
     sed -n 's#^[[:space:]]*\(k8s.io/[a-z0-9.-]*\) => ./staging/src/.*#\t\1 => \1 '"$staging_tag"'#p' "$gomod"
     echo ")"
 } > go.mod
-cat > tools.go <<'EOF'
-//go:build tools
-
-package tools
-
-import (
-	_ "k8s.io/kubernetes/cmd/kube-apiserver"
-	_ "k8s.io/kubernetes/cmd/kube-scheduler"
-)
-EOF
+{
+    echo "//go:build tools"
+    echo
+    echo "package tools"
+    echo
+    echo "import ("
+    for bin in $KUBE_COMMANDS; do printf '\t_ "k8s.io/kubernetes/cmd/%s"\n' "$bin"; done
+    echo ")"
+} > tools.go
 go mod tidy >/dev/null
-go build -trimpath -o "$DEST/kube-apiserver.tmp" k8s.io/kubernetes/cmd/kube-apiserver
-go build -trimpath -o "$DEST/kube-scheduler.tmp" k8s.io/kubernetes/cmd/kube-scheduler
+for bin in $missing; do
+    echo "k8s-testbin: building $bin"
+    go build -trimpath -o "$DEST/$bin.tmp" "k8s.io/kubernetes/cmd/$bin"
+    mv "$DEST/$bin.tmp" "$DEST/$bin"
+done
 
+if [ -x "$DEST/etcd" ]; then echo "k8s-testbin: built in $DEST"; exit 0; fi
 echo "k8s-testbin: etcd v$ETCD_VERSION"
 mkdir -p "$work/etcd"
 cd "$work/etcd"
@@ -78,5 +86,5 @@ EOF
 go mod tidy >/dev/null
 go build -trimpath -o "$DEST/etcd.tmp" .
 
-for bin in kube-apiserver kube-scheduler etcd; do mv "$DEST/$bin.tmp" "$DEST/$bin"; done
+mv "$DEST/etcd.tmp" "$DEST/etcd"
 echo "k8s-testbin: built in $DEST"

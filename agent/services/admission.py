@@ -163,6 +163,20 @@ class Admission:
             "usage_millicpu": self.harvest.usage.get(path) if path else None,
         }
 
+    def assignments(self) -> Dict[str, Any]:
+        """What each workload is given now, from memory only (no kernel read: the NRI plugin asks it
+        inside the runtime's deadline): cpus, mems, QoS level and cpu weight, by workload name."""
+        with self.owner.lock:
+            pool = self.owner.pools()
+            harvest = self.enforcement.harvest
+            given = {}
+            for alloc in self.owner.state.allocations:
+                one = assignment(self.owner.topology, alloc, pool, harvest)
+                given[alloc.name] = {"qos": alloc.qos.value, "cpus": format_cpulist(one.cpus),
+                                     "mems": format_cpulist(one.mems), "cpu_shares": one.cpu_shares,
+                                     "cpu_idle": one.cpu_idle}
+            return {"assignments": given}
+
     def workloads(self) -> List[Dict[str, Any]]:
         with self.owner.lock:
             pool = self.owner.pools()

@@ -84,13 +84,24 @@ def _terminate(proc: Optional[subprocess.Popen]) -> None:
 
 
 class ControlPlane:
-    def __init__(self, bin_dir: str) -> None:
+    """``address``/``port``/``service_cidr``: where the API server listens and the Service range.
+    The node tier (tests/node) puts the API server on the first address of the Service range, on
+    443, so the ``kubernetes`` Service's ClusterIP is the server itself and pods reach it with the
+    in-cluster configuration and no kube-proxy. ``service_accounts``: the ServiceAccount admission
+    plugin (pods get their token volume; needs kube-controller-manager to make the default
+    accounts), which the tier without a kubelet leaves off."""
+
+    def __init__(self, bin_dir: str, address: str = "127.0.0.1", port: Optional[int] = None,
+                 service_cidr: str = "10.0.0.0/24", service_accounts: bool = False) -> None:
         self.bin = bin_dir
         self.dir = tempfile.mkdtemp(prefix="tidal-k8s-")
         self.procs: Dict[str, subprocess.Popen] = {}
         self.etcd_port = free_port()
-        self.api_port = free_port()
-        self.url = f"https://127.0.0.1:{self.api_port}"
+        self.address = address
+        self.api_port = port or free_port()
+        self.service_cidr = service_cidr
+        self.service_accounts = service_accounts
+        self.url = f"https://{address}:{self.api_port}"
 
     def _spawn(self, name: str, argv: List[str]) -> subprocess.Popen:
         log = open(os.path.join(self.dir, f"{name}.log"), "ab")
@@ -119,11 +130,12 @@ class ControlPlane:
         d = self.dir
         api = self._spawn("kube-apiserver", [
             f"{self.bin}/kube-apiserver", f"--etcd-servers=http://127.0.0.1:{self.etcd_port}",
-            f"--secure-port={self.api_port}", "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
+            f"--secure-port={self.api_port}", f"--bind-address={self.address}", f"--advertise-address={self.address}",
             f"--cert-dir={d}/certs", f"--token-auth-file={d}/tokens.csv", "--authorization-mode=RBAC",
             "--service-account-issuer=https://kubernetes.default.svc", f"--service-account-key-file={d}/sa.pub",
-            f"--service-account-signing-key-file={d}/sa.key", "--service-cluster-ip-range=10.0.0.0/24",
-            "--disable-admission-plugins=ServiceAccount,TaintNodesByCondition", "--enable-priority-and-fairness=false",
+            f"--service-account-signing-key-file={d}/sa.key", f"--service-cluster-ip-range={self.service_cidr}",
+            "--disable-admission-plugins=" + ("TaintNodesByCondition" if self.service_accounts
+                                              else "ServiceAccount,TaintNodesByCondition"), "--enable-priority-and-fairness=false",
             "--storage-media-type=application/json", "--v=0"])
         import urllib.request
         import ssl

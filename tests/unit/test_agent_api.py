@@ -166,3 +166,19 @@ def test_tidal_run_execs_and_keeps_the_exit_status(agent):
                            "/no/such/binary"], capture_output=True, text=True, timeout=30)
     assert proc.returncode == 127 and "cannot run" in proc.stderr
     assert agent.state.get("nocmd") is None  # released again
+
+
+def test_assignments_say_what_each_workload_is_given_without_reading_the_kernel(agent, monkeypatch):
+    c = client(agent)
+    c.request("POST", "/v1/workloads", {"name": "db", "qos": "dedicated_cores", "cpus": 2})
+    c.request("POST", "/v1/workloads", {"name": "web", "qos": "shared_cores", "millicpu": 500})
+    listed = {w["name"]: w for w in c.request("GET", "/v1/workloads")["workloads"]}
+    # the NRI plugin asks this inside the runtime's deadline: no cgroup file is read to answer it
+    monkeypatch.setattr(agent.driver, "procs", lambda path: (_ for _ in ()).throw(AssertionError("kernel read")))
+    given = c.request("GET", "/v1/assignments")["assignments"]
+    assert set(given) == {"db", "web"}
+    for name in given:
+        assert (given[name]["cpus"], given[name]["mems"]) == (listed[name]["cpus"], listed[name]["mems"])
+    assert given["db"]["qos"] == "dedicated_cores" and given["web"]["cpu_shares"] == 512
+    from agent.topology.parse import parse_cpulist
+    assert not set(parse_cpulist(given["db"]["cpus"])) & set(parse_cpulist(given["web"]["cpus"]))

@@ -1,0 +1,3 @@
+module tidal.local/pause
+
+go 1.22
