@@ -8,6 +8,7 @@ errors are click's (also exit 2). Commands import their layers lazily so
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -209,6 +210,9 @@ def parse_reserved(value: Optional[str]):
               help="Run as this Kubernetes node's agent: pods from the API server, NRT reports, lending by label.")
 @click.option("--kubeconfig", default=None, type=click.Path(dir_okay=False),
               help="With --kube-node: kubeconfig (default: in-cluster service account).")
+@click.option("--kubelet-root-dir", default="/var/lib/kubelet", show_default=True, type=click.Path(file_okay=False),
+              help="With --kube-node: the kubelet's root directory, whose cpu_manager_state says its CPU manager "
+                   "policy (the agent refuses to run beside the static policy).")
 @click.option("--kubelet-cgroup-driver", default=None, type=click.Choice(["cgroupfs", "systemd"]),
               help="With --kube-node: the kubelet's cgroup driver (default: detected).")
 @click.option("--topology-policy", default="none", show_default=True,
@@ -227,7 +231,7 @@ def agent(root: str, socket_path: str, state_dir: str, reserved_cpus, period: fl
           no_confine_self: bool, record_cgroups: bool,
           dedicated_partition: str,
           online_nic, offline_nic, offline_gateway, net_netns, no_ingress_shaping: bool, kube_node, kubeconfig,
-          kubelet_cgroup_driver, topology_policy: str, log_level: str) -> None:
+          kubelet_root_dir, kubelet_cgroup_driver, topology_policy: str, log_level: str) -> None:
     """Run the node agent in the foreground (what `make run` and the systemd unit start)."""
     import logging
 
@@ -251,6 +255,17 @@ def agent(root: str, socket_path: str, state_dir: str, reserved_cpus, period: fl
                          guard_interval=guard_interval, socket_group=group_id(socket_group),
                          tcp_token=tcp_token(tcp_port, tcp_token_file),
                          net=net_config(online_nic, offline_nic, offline_gateway, net_netns, not no_ingress_shaping))
+    if kube_node:
+        from agent.k8s.cpumanager import kubelet_cpu_manager_policy, refusal
+
+        try:
+            policy = kubelet_cpu_manager_policy(kubelet_root_dir)
+        except ValueError as exc:
+            raise TidalError(f"the kubelet's CPU manager checkpoint: {exc}") from None
+        why = refusal(policy, kubelet_root_dir)
+        if why:
+            raise TidalError(why)
+        config = dataclasses.replace(config, kubelet_cpu_manager=policy or "unknown (no checkpoint)")
     agent = Agent(config, echo=click.echo)
     if kube_node:
         from agent.k8s.node import KubeNodeAgent

@@ -90,6 +90,7 @@ class AgentConfig:
     revert_on_exit: bool = False
     record_cgroups: bool = False  # keep cgroup writes in memory (dry runs, end-to-end tests off the host)
     confine_self: bool = False  # move the agent itself into <base>/system (the reserved pool)
+    kubelet_cpu_manager: Optional[str] = None  # on a Kubernetes node: the kubelet's CPU manager policy
     eviction_grace: float = 10.0  # over-committed reclaimed work is throttled this long before eviction
     memory_evict_below: Optional[int] = None  # evict reclaimed work under this MemAvailable (None: 2%, 256 MiB-2 GiB)
     memory_pressure_threshold: float = 20.0  # percent of online's memory stall time that evicts reclaimed work (0: off)
@@ -419,7 +420,7 @@ class Agent:
                 "push": self.pusher.records() if self.pusher is not None else [],
                 "last_reconcile_ms": round(self.last_reconcile_ms, 3),
                 "state_file": self.store.path, "socket": self.config.socket_path,
-                "runtime": self.runtime_integration(),
+                "runtime": {**self.runtime_integration(), "kubelet_cpu_manager": self.config.kubelet_cpu_manager},
             }
 
     def memory_status(self) -> Dict[str, Any]:
