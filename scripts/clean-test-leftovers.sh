@@ -4,9 +4,10 @@
 # tidal-test-* / tidal-bench-* at the top of each hierarchy, the memory tier's working-set files
 # /var/tmp/tidal-test-working-set-*.bin (tests/privileged/test_memory_real.py); from the node tier
 # (tests/node): its kubelet, containerd and their shims and containers (every process whose command
-# line names a /tmp/tidal-k8s-* directory), the mounts under those directories, its veth link
-# tnd<8 hex>, and the kubepods cgroups when no kubelet runs. Only empty cgroups are removed (rmdir
-# refuses others); run it when no test is running.
+# line names a /tmp/tidal-k8s-* directory), the mounts under those directories and the directories,
+# its veth link tnd<8 hex>, and, when no kubelet runs, the kubepods cgroups and the host directories
+# the tier marked (.tidal-node-tier). Only empty cgroups are removed (rmdir refuses others); run it
+# when no test is running.
 set -u
 [ "$(id -u)" = 0 ] || { echo "clean-test-leftovers: needs root" >&2; exit 2; }
 removed=0
@@ -26,6 +27,21 @@ sleep 1
 for point in $(awk '{print $5}' /proc/self/mountinfo | grep '^/tmp/tidal-k8s-' | sort -r); do
     umount -l "$point" 2>/dev/null && removed=$((removed + 1)) && echo "mount $point"
 done
+for dir in /tmp/tidal-k8s-*; do
+    [ -d "$dir" ] || continue
+    grep -q " $dir[/ ]" /proc/self/mountinfo && { echo "directory $dir: still mounted, left alone" >&2; continue; }
+    rm -rf "$dir" && removed=$((removed + 1)) && echo "directory $dir"
+done
+# the host directories the node tier used (the DaemonSet's hostPaths, the kubelet's root), marked by it
+if ! pgrep -x kubelet >/dev/null 2>&1; then
+    for dir in /var/lib/kubelet /var/lib/tidal /run/tidal /run/nri; do
+        [ -f "$dir/.tidal-node-tier" ] || continue
+        for point in $(awk '{print $5}' /proc/self/mountinfo | grep "^$dir\(/\|\$\)" | sort -r); do
+            umount -l "$point" 2>/dev/null
+        done
+        rm -rf "$dir" && removed=$((removed + 1)) && echo "directory $dir"
+    done
+fi
 for link in $(ip -o link show 2>/dev/null | awk -F': ' '{print $2}' | sed 's/@.*//' | grep -E '^tnd[0-9a-f]{8}$'); do
     ip link del "$link" 2>/dev/null && removed=$((removed + 1)) && echo "link $link"
 done

@@ -9,9 +9,13 @@ the first address of the Service range, on 443, on a veth link this harness make
 inside the 198.18.0.0/15 the tests may use): the ``kubernetes`` Service's ClusterIP is the server
 itself, so a pod's in-cluster configuration reaches it with no kube-proxy.
 
-What the kubelet and containerd leave on the host (kubepods cgroups, mounts under the kubelet's root
-directory, the hostPath directories of the DaemonSet) is removed by ``stop()``, and by
-``make clean-test-leftovers`` after a killed run.
+The kubelet keeps its default root directory, /var/lib/kubelet (the agent reads the kubelet's
+cpu_manager_state there, as on any node), and containerd NRI's default socket, /var/run/nri/nri.sock
+(where the DaemonSet's plugin looks): the harness refuses to start where either is in use. What the
+kubelet and containerd leave on the host (kubepods cgroups, mounts under those directories and the
+harness's own, the hostPath directories of the DaemonSet) is removed by ``stop()``; after a killed
+run, ``make clean-test-leftovers`` stops the processes and removes the cgroups, mounts and link, and
+those host directories that hold the tier's mark (``.tidal-node-tier``).
 """
 
 from __future__ import annotations
@@ -36,8 +40,11 @@ NODE_TESTBIN = os.environ.get("TIDAL_NODE_TESTBIN", os.path.join(CACHE, "node-te
 PAUSE_IMAGE = "tidal.local/pause:1"
 BUSYBOX_IMAGE = "tidal.local/busybox:1"
 # the hostPath directories of deploy/agent-daemonset.yaml, removed after the tier when it made them
-AGENT_HOST_DIRS = ("/var/lib/tidal", "/run/tidal", "/run/nri")
+AGENT_HOST_DIRS = ("/var/lib/tidal", "/run/tidal", "/run/nri", "/var/lib/kubelet")
+# the kubelet's default root directory: the agent reads the kubelet's cpu_manager_state there
+KUBELET_ROOT = "/var/lib/kubelet"
 NRI_SOCKET = "/var/run/nri/nri.sock"
+LEFTOVER_MARK = ".tidal-node-tier"
 # v1 hierarchies the kubelet makes kubepods in (cgroupfs driver), and the unified one
 CGROUP_ROOT = "/sys/fs/cgroup"
 
@@ -133,6 +140,9 @@ class RealNode:
                                    "run on this host; the node tier runs the DaemonSet and containerd, which use it")
             if not os.path.exists(path):
                 self.made_dirs.append(path)
+            # the mark by which `make clean-test-leftovers` knows, after a killed run, that the tier used it
+            os.makedirs(path, exist_ok=True)
+            open(os.path.join(path, LEFTOVER_MARK), "w").close()
         if kubepods_cgroups():
             raise RuntimeError(f"kubepods cgroups exist ({kubepods_cgroups()[0]}): a kubelet runs, or ran, "
                                "on this host; run `make clean-test-leftovers`")
@@ -249,7 +259,7 @@ state = "{d}/state"
 
     def _kubelet(self) -> None:
         d = f"{self.dir}/kubelet"
-        os.makedirs(f"{d}/root", exist_ok=True)
+        os.makedirs(KUBELET_ROOT, exist_ok=True)
         os.makedirs(f"{d}/pod-logs", exist_ok=True)
         self.kubelet_healthz = free_port()
         with open(f"{d}/config.yaml", "w") as handle:
@@ -277,7 +287,7 @@ serializeImagePulls: false
 """)
         proc = self._spawn("kubelet", [
             f"{self.k8s_bin}/kubelet", f"--config={d}/config.yaml", f"--kubeconfig={self.kubeconfig}",
-            f"--root-dir={d}/root", f"--hostname-override={self.name}", f"--node-ip={API_ADDRESS}", "--v=1"])
+            f"--root-dir={KUBELET_ROOT}", f"--hostname-override={self.name}", f"--node-ip={API_ADDRESS}", "--v=1"])
         import urllib.request
 
         _wait(lambda: urllib.request.urlopen(f"http://127.0.0.1:{self.kubelet_healthz}/healthz", timeout=2).status
@@ -344,14 +354,18 @@ serializeImagePulls: false
             self.plane.stop()
             if keep is None:
                 del os.environ["TIDAL_K8S_KEEP"]
+            unmount_under(KUBELET_ROOT)
             if self.dir:
                 unmount_under(self.dir)
                 if not keep:
                     shutil.rmtree(self.dir, ignore_errors=True)
         for path in kubepods_cgroups():
             remove_cgroup_tree(path)
-        for path in self.made_dirs:
-            shutil.rmtree(path, ignore_errors=True)
+        for path in AGENT_HOST_DIRS:
+            if path in self.made_dirs:
+                shutil.rmtree(path, ignore_errors=True)
+            elif os.path.exists(os.path.join(path, LEFTOVER_MARK)):
+                os.unlink(os.path.join(path, LEFTOVER_MARK))
         subprocess.run(["ip", "link", "del", self.link], capture_output=True)
         if getattr(self, "every_cpu", None):
             os.sched_setaffinity(0, self.every_cpu)
