@@ -187,6 +187,10 @@ def parse_reserved(value: Optional[str]):
               help="When online tasks stall on memory this share of the time (percent, PSI of the online "
                    "cgroups), cut offline memory to 90% of what it holds at once (v2: memory.high; both: the "
                    "reported capacity), and evict one reclaimed workload per --eviction-grace while it lasts (0: off).")
+@click.option("--cpu-pressure-threshold", default=20.0, show_default=True, type=click.FloatRange(0, 100),
+              help="When online tasks wait for a cpu this share of the time (percent, PSI of the online cgroups, "
+                   "over 250 ms) while cpus are lent, take every lent cpu back at once and hold lending (30 "
+                   "periods, longer each time it recurs) (0: off).")
 @click.option("--online-policy", default="wait", show_default=True, type=click.Choice(["wait", "evict"]),
               help="Lending: wait for online workloads to finish, or evict them when the notice ends.")
 @click.option("--hook", "hooks", multiple=True, metavar="STATE=JSON-ARGV",
@@ -227,7 +231,8 @@ def agent(root: str, socket_path: str, state_dir: str, reserved_cpus, period: fl
           socket_group, cgroup_base: str,
           cgroup_parent: str, no_resize: bool, revert: bool, push_command, push_url, push_format: str,
           push_resend: float, yarn_rm, yarn_node_id, yarn_node_host, offline_cgroups, eviction_grace: float,
-          memory_evict_below, memory_pressure_threshold: float, online_policy: str, hooks, guard_interval: float,
+          memory_evict_below, memory_pressure_threshold: float, cpu_pressure_threshold: float,
+          online_policy: str, hooks, guard_interval: float,
           no_confine_self: bool, record_cgroups: bool,
           dedicated_partition: str,
           online_nic, offline_nic, offline_gateway, net_netns, no_ingress_shaping: bool, kube_node, kubeconfig,
@@ -250,7 +255,8 @@ def agent(root: str, socket_path: str, state_dir: str, reserved_cpus, period: fl
                          yarn_node_host=yarn_node_host, offline_cgroups=parse_offline_cgroups(offline_cgroups, cgroup_base),
                          eviction_grace=eviction_grace,
                          memory_evict_below=parse_size("--memory-evict-below", memory_evict_below),
-                         memory_pressure_threshold=memory_pressure_threshold, online_policy=online_policy,
+                         memory_pressure_threshold=memory_pressure_threshold,
+                         cpu_pressure_threshold=cpu_pressure_threshold, online_policy=online_policy,
                          hooks=parse_hooks(hooks),
                          guard_interval=guard_interval, socket_group=group_id(socket_group),
                          tcp_token=tcp_token(tcp_port, tcp_token_file),
@@ -518,6 +524,14 @@ def status(socket_path: str, as_json: bool) -> None:
         if memory.get("offline_throttled_to_bytes") is not None:
             click.echo(f"offline memory THROTTLED to {gib(memory['offline_throttled_to_bytes'])} (online stalled on "
                        f"memory; {memory['pressure_throttles']} cuts so far)")
+    cpu = data.get("cpu_pressure")
+    if cpu:
+        pct = lambda v: "-" if v is None else f"{v:.1f}%"  # noqa: E731
+        click.echo(("online cpu pressure - (no PSI)" if cpu["scope"] is None else
+                    f"online cpu pressure {pct(cpu['online_cpu_percent'])} ({cpu['scope']}; takes lent cpus back at "
+                    f"{cpu['threshold_percent']:g}%; {cpu['shrinks']} times so far"
+                    + (f"; lending held {cpu['lending_held_periods']} more periods" if cpu["lending_held_periods"]
+                       else "") + f"); io {pct(cpu['online_io_percent'])}"))
     causes = {k: v for k, v in (data.get("evictions_by_cause") or {}).items() if v}
     if causes:
         click.echo("evictions " + ", ".join(f"{cause} {count}" for cause, count in causes.items()))

@@ -94,6 +94,7 @@ class AgentConfig:
     eviction_grace: float = 10.0  # over-committed reclaimed work is throttled this long before eviction
     memory_evict_below: Optional[int] = None  # evict reclaimed work under this MemAvailable (None: 2%, 256 MiB-2 GiB)
     memory_pressure_threshold: float = 20.0  # percent of online's memory stall time that evicts reclaimed work (0: off)
+    cpu_pressure_threshold: float = 20.0  # percent of online's cpu wait time that takes lent cpus back (0: off)
     online_policy: str = "wait"  # lending: "wait" for online workloads to finish, or "evict" them at the notice end
     hooks: Dict[str, List[str]] = field(default_factory=dict)  # node state -> argv run on entering it
     memory_reserved_bytes: Optional[int] = None  # kept from offline agents (default: 5% of memory, at least 1 GiB)
@@ -128,7 +129,8 @@ class Agent:
         self.owner.topology = topology
         self.lending = NodeLending(os.path.join(config.state_dir, "node.json"), config.hooks)
         self.counters: Dict[str, int] = {"drift_repairs": 0, "reconciles": 0, "reconcile_failures": 0,
-                                         "released_empty": 0, "fast_shrinks": 0, "pressure_throttles": 0}
+                                         "released_empty": 0, "fast_shrinks": 0, "pressure_throttles": 0,
+                                         "cpu_pressure_shrinks": 0}
         self.helper_join = HelperJoin()  # moves push commands and hooks into <base>/helpers once it exists
         self.lending.helper_join = self.helper_join
         self.pusher = self._pusher(config)
@@ -413,6 +415,7 @@ class Agent:
                 "evictions_by_tier": dict(self.evictions_by_tier), "evictions_by_cause": dict(self.evictions_by_cause),
                 "recent_evictions": self.evictions[-20:],
                 "memory": self.memory_status(),
+                "cpu_pressure": self.cpu_pressure_status(),
                 "node_state": self.lending.current.state,
                 "online_millicpu": self.harvest.online_millicpu,
                 "offline_cgroups": [{"path": p, "millicpu": self.harvest.offline_usage.get(p)}
@@ -422,6 +425,13 @@ class Agent:
                 "state_file": self.store.path, "socket": self.config.socket_path,
                 "runtime": {**self.runtime_integration(), "kubelet_cpu_manager": self.config.kubelet_cpu_manager},
             }
+
+    def cpu_pressure_status(self) -> Dict[str, Any]:
+        """Online's cpu wait share (PSI) and what it did to lending; io's, for the record (status, metrics)."""
+        cpu, io, loop = self.harvest.cpu_pressure, self.harvest.io_pressure, self.harvest.cpu_loop
+        return {"online_cpu_percent": cpu.percent, "online_cpu_avg10": cpu.avg10, "scope": cpu.scope,
+                "threshold_percent": loop.threshold, "shrinks": self.counters.get("cpu_pressure_shrinks", 0),
+                "lending_held_periods": loop.holding, "online_io_percent": io.percent}
 
     def memory_status(self) -> Dict[str, Any]:
         """The node's memory as the eviction causes see it (status, metrics)."""

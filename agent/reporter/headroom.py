@@ -30,8 +30,9 @@ class ReclaimSizer:
     _shared_target: Optional[int] = None
     _quiet: int = 0
 
-    def update(self, online_millicpu: int, shared_need: int, free_cpus: int) -> int:
-        """The shared pool size (cpus) to keep; ``free_cpus`` - it may be lent."""
+    def update(self, online_millicpu: int, shared_need: int, free_cpus: int, may_lend_more: bool = True) -> int:
+        """The shared pool size (cpus) to keep; ``free_cpus`` - it may be lent. ``may_lend_more``
+        False: the pool keeps its size or grows, never shrinks (online's cpu pressure holds lending)."""
         self._history.append(max(0, online_millicpu))
         while len(self._history) > self.window:
             self._history.popleft()
@@ -44,7 +45,7 @@ class ReclaimSizer:
         wanted = min(max(wanted, shared_need), free_cpus)
         if wanted > current:  # online needs more: shrink lending at once
             self._shared_target, self._quiet = wanted, 0
-        elif wanted < current and (current - wanted) * 1000 > self.deadband_millicpu:
+        elif wanted < current and (current - wanted) * 1000 > self.deadband_millicpu and may_lend_more:
             self._quiet += 1
             if self._quiet >= self.stable_periods:  # grow lending slowly
                 self._shared_target = max(wanted, current - self.ramp_cpus)

@@ -82,6 +82,21 @@ class AgentCollector(Collector):
                     g = GaugeMetricFamily(name, text)
                     g.add_metric([], memory[key])
                     yield g
+            cpu = agent.cpu_pressure_status()
+            for name, key, text in (
+                    ("tidal_online_cpu_pressure_percent", "online_cpu_percent",
+                     "share of the last period some online task waited for a cpu (PSI), worst online cgroup"),
+                    ("tidal_online_io_pressure_percent", "online_io_percent",
+                     "share of the last period some online task waited for block io (PSI), worst online cgroup"),
+                    ("tidal_lending_held_periods", "lending_held_periods",
+                     "periods before lending may grow again after online's cpu pressure took lent cpus back")):
+                if cpu[key] is not None:
+                    g = GaugeMetricFamily(name, text)
+                    g.add_metric([], cpu[key])
+                    yield g
+            c = CounterMetricFamily("tidal_cpu_pressure_shrinks", "lent cpus taken back on online cpu pressure")
+            c.add_metric([], cpu["shrinks"])
+            yield c
             c = CounterMetricFamily("tidal_pressure_throttles", "cuts of offline memory on online memory pressure")
             c.add_metric([], memory["pressure_throttles"])
             yield c

@@ -9,9 +9,9 @@ resize the reclaim pool (``ReclaimSizer``); estimate the reclaimed capacity
 (``CapacityEstimator``; both use THE headroom rule, ``contracts.headroom``);
 publish it (generation, long-pollers, the push to offline agents) when it
 changes. Between periods the fast guard watches online's own cgroups and
-takes every lent cpu back at once when online saturates its pool, and cuts
-offline work's memory at once when online stalls on memory
-(``services.memory_throttle``).
+takes every lent cpu back at once when online saturates its pool or waits
+for cpus (``services.cpu_pressure``), and cuts offline work's memory at once
+when online stalls on memory (``services.memory_throttle``).
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from agent.isolation.cgroups.desired import HELPERS, RECLAIMED_HIGH_SHARE
 from agent.isolation.cgroups.driver import procs_in_tree
 from agent.qrm.model import LOCAL, QoS
 from agent.services.enforcement import Enforcement
+from agent.services.cpu_pressure import WINDOW_S, CpuPressureLoop
 from agent.services.memory_throttle import MemoryThrottle
 from agent.services.owner import StateOwner
 
@@ -94,6 +95,11 @@ class Harvest:
         # throttle's way back; the fast guard has its own meter, for the throttle's cut
         self.memory_pressure = PressureMeter(self.driver.pressure, self.online_cgroups, "memory")
         self.throttle = MemoryThrottle(getattr(config, "memory_pressure_threshold", 0.0))
+        # online's cpu stall share: the fast guard takes lent cpus back on it, the period holds lending
+        # (services.cpu_pressure); io's is read for the record (Tidal does not shape block io)
+        self.cpu_pressure = PressureMeter(self.driver.pressure, self.online_cgroups, "cpu")
+        self.cpu_loop = CpuPressureLoop(getattr(config, "cpu_pressure_threshold", 0.0))
+        self.io_pressure = PressureMeter(self.driver.pressure, self.online_cgroups, "io")
         self.raw_memory: Optional[int] = None  # the reclaimed memory capacity before the throttle
         self._online_key: Optional[tuple] = None  # (state, placements, paths) of online_cgroups()
         self._guard_stop: Optional[threading.Event] = None  # the agent's stop, once the fast guard runs
@@ -126,7 +132,8 @@ class Harvest:
 
     def sample(self, now: float, epoch: float, workload_paths) -> bool:
         """One usage sample (False when there is none yet: the first period)."""
-        self.memory_pressure.sample(now)
+        for meter in (self.memory_pressure, self.cpu_pressure, self.io_pressure):
+            meter.sample(now)
         offline_before = self._offline_counters()
         sample = self.sampler.sample(now, [*self.aggregates, *workload_paths])
         if sample is None:
@@ -290,7 +297,8 @@ class Harvest:
         if self.lending.current.state == OFFLINE:
             shared_target = lay.shared_need  # lent: everything not needed goes to offline
         else:
-            shared_target = self.sizer.update(self.online_millicpu, lay.shared_need, len(lay.free))
+            shared_target = self.sizer.update(self.online_millicpu, lay.shared_need, len(lay.free),
+                                              self.cpu_loop.may_lend_more(self.cpu_pressure.percent))
         lendable = len(owner.pools().lendable)
         target = lendable + max(0, len(lay.free) - shared_target)
         if target != owner.state.reclaim_cpus:
@@ -447,16 +455,24 @@ class Harvest:
         readers = [self.driver.usage_reader(p) for p in (f"{base}/shared", f"{base}/system")]
         files = PressureFiles(getattr(self.driver, "membership_dir", lambda path: None))
         pressure = PressureMeter(files.read, self.online_cgroups, "memory")
+        cpu_pressure = PressureMeter(files.read, self.online_cgroups, "cpu")
+        cpu_every = max(1, round(WINDOW_S / self.config.guard_interval))  # intervals per cpu pressure sample
         history: List[tuple] = []
+        count = 0
         while not stop.is_set():
             time.sleep(self.config.guard_interval)  # Event.wait(timeout) costs ~10x the cpu of a sleep
             if stop.is_set():
                 break
             now = time.monotonic()
+            count += 1
             if self.throttle.threshold > 0:  # online stalls on memory: offline shrinks now, not next period
                 stalled = pressure.sample(now)
                 if stalled is not None and stalled >= self.throttle.threshold:
                     self.throttle_now(stalled)
+            if self.cpu_loop.threshold > 0 and count % cpu_every == 0:
+                waiting = cpu_pressure.sample(now)
+                if waiting is not None and waiting >= self.cpu_loop.threshold:
+                    self.cpu_pressure_now(waiting)
             total = sum(read() or 0 for read in readers)
             history.append((now, total))
             del history[:-2]
@@ -466,11 +482,26 @@ class Harvest:
             rate = (u1 - u0) / 1e6 / max(1e-6, t1 - t0)  # millicpu
             with self.owner.lock:
                 pool = self.owner.pools()
-                carved = not set(pool.reclaimed) <= set(pool.lendable)  # cpus carved from the shared pool
                 online_cpus = len(pool.shared) + len(pool.reserved)
-                if carved and rate >= self.sizer.saturation * online_cpus * 1000:
+                if self.carved() and rate >= self.sizer.saturation * online_cpus * 1000:
                     self.shrink_now(rate)
         files.close()
+
+    def cpu_pressure_now(self, percent: float) -> bool:
+        """Online waits for cpus while some are lent: take them all back now (and hold lending)."""
+        with self.owner.lock:
+            if self._stopping() or not self.cpu_loop.on_pressure(percent, self.carved()):
+                return False
+            log.info("online cpu pressure %.1f%% (threshold %g%%): every lent cpu taken back, lending held "
+                     "%d periods", percent, self.cpu_loop.threshold, self.cpu_loop.holding)
+            self.shrink_now(self.online_millicpu)
+            self.counters["cpu_pressure_shrinks"] = self.counters.get("cpu_pressure_shrinks", 0) + 1
+            return True
+
+    def carved(self) -> bool:
+        """Whether offline holds cpus carved out of the shared pool (lent cpus the guard can take back)."""
+        pool = self.owner.pools()
+        return not set(pool.reclaimed) <= set(pool.lendable)
 
     def _stopping(self) -> bool:
         """The agent is stopping: the guard writes nothing more (under the lock, checked after the

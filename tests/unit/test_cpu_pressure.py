@@ -1,0 +1,94 @@
+"""Online's cpu pressure takes lent cpus back and holds lending (services.cpu_pressure), and what the agent
+makes of it: the pools at once, the pool sizer's growth held, status and metrics."""
+
+from agent.reporter.headroom import ReclaimSizer
+from agent.services.cpu_pressure import HOLD_PERIODS, MAX_HOLD_PERIODS, RESET_PERIODS, CpuPressureLoop
+from tests.unit.test_capacity_api import make_agent
+
+
+def test_pressure_takes_lent_cpus_back_only_over_the_threshold_and_while_cpus_are_lent():
+    loop = CpuPressureLoop(20.0)
+    assert not loop.on_pressure(19.9, carved=True)
+    assert not loop.on_pressure(None, carved=True)  # no PSI figure
+    assert not loop.on_pressure(80.0, carved=False)  # nothing lent: nothing to take back
+    assert loop.shrinks == 0 and loop.holding == 0
+    assert loop.on_pressure(20.0, carved=True)
+    assert loop.shrinks == 1 and loop.holding == HOLD_PERIODS
+    assert not CpuPressureLoop(0.0).on_pressure(100.0, carved=True)  # off
+
+
+def test_lending_is_held_after_a_shrink_and_while_pressure_stays_over_half_the_threshold():
+    loop = CpuPressureLoop(20.0)
+    loop.on_pressure(40.0, carved=True)
+    assert [loop.may_lend_more(0.0) for _ in range(HOLD_PERIODS)] == [False] * HOLD_PERIODS
+    assert not loop.may_lend_more(10.0)  # half the threshold: still held
+    assert loop.may_lend_more(9.9) and loop.may_lend_more(None)
+    assert CpuPressureLoop(0.0).may_lend_more(100.0)
+
+
+def test_the_hold_doubles_when_pressure_returns_soon_and_starts_over_after_a_long_quiet():
+    loop = CpuPressureLoop(20.0)
+    holds = []
+    for _ in range(5):
+        loop.on_pressure(50.0, carved=True)
+        holds.append(loop.holding)
+        while not loop.may_lend_more(0.0):
+            pass
+    assert holds == [HOLD_PERIODS, 2 * HOLD_PERIODS, 4 * HOLD_PERIODS, MAX_HOLD_PERIODS, MAX_HOLD_PERIODS]
+    for _ in range(RESET_PERIODS):
+        loop.may_lend_more(0.0)
+    loop.on_pressure(50.0, carved=True)
+    assert loop.holding == HOLD_PERIODS
+
+
+def test_a_held_sizer_keeps_the_shared_pool_and_still_grows_it():
+    sizer = ReclaimSizer()
+    assert sizer.update(0, 1, 6) == 6
+    for _ in range(10):
+        held = sizer.update(0, 1, 6, may_lend_more=False)
+    assert held == 6  # online uses nothing, but lending is held: nothing more is lent
+    sizer.force(6, 0)
+    sizer._shared_target = 3
+    assert sizer.update(5000, 1, 6, may_lend_more=False) == 6  # online's demand still takes cpus back
+
+
+def lent(agent, start=1.0):
+    now = start
+    while not agent.harvest.carved():
+        now += 1.0
+        agent.tick(now=now)
+        assert now < start + 60, "the agent never lent a cpu"
+    return now
+
+
+def test_the_agent_takes_every_lent_cpu_back_at_once_and_holds_lending(tmp_path):
+    agent = make_agent(tmp_path)
+    try:
+        now = lent(agent)
+        assert agent.status()["cpu_pressure"]["threshold_percent"] == 20.0  # the shipped default
+        assert agent.harvest.cpu_pressure_now(35.0)
+        assert not agent.harvest.carved()  # in the pools now, not next period
+        assert agent.counters["cpu_pressure_shrinks"] == 1 and agent.counters["fast_shrinks"] == 1
+        status = agent.status()["cpu_pressure"]
+        assert status["shrinks"] == 1 and status["lending_held_periods"] == HOLD_PERIODS
+        assert not agent.harvest.cpu_pressure_now(35.0)  # nothing lent any more: nothing to do
+        for _ in range(HOLD_PERIODS - 1):
+            now += 1.0
+            agent.tick(now=now)
+            assert not agent.harvest.carved(), "lending grew during the hold"
+        lent(agent, now)  # and grows back after it
+        from agent.reporter.metrics import render
+
+        text = render(agent).decode()
+        assert "tidal_cpu_pressure_shrinks_total 1.0" in text
+    finally:
+        agent.shutdown()
+
+
+def test_off_at_zero(tmp_path):
+    agent = make_agent(tmp_path, cpu_pressure_threshold=0.0)
+    try:
+        lent(agent)
+        assert not agent.harvest.cpu_pressure_now(100.0) and agent.harvest.carved()
+    finally:
+        agent.shutdown()
