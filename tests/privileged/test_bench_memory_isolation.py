@@ -46,7 +46,9 @@ def test_one_short_round_of_an_outgrowing_job():
     for name, row in report["scenarios"].items():
         assert row["samples"] >= 300, name  # the service answered through the run, killed by no one
         assert row["oom_kills"]["online"] == 0, name
-        assert 0 < row["offline_mib"] and 0 < row["left_by_online_mib"] < 384, name
+        assert 0 < row["offline_mib"] and 0 < row["left_by_online_mib"] < 384, (name, {
+            k: row.get(k) for k in ("offline_mib", "left_by_online_mib", "offline_refused", "limits", "seen",
+                                    "evictions", "throttles")})
     tidal = report["scenarios"]["tidal"]
     # Tidal's kernel limit on offline memory: under the box less the service's working set (64 MiB anonymous,
     # 64 MiB of a mapped file, which sits on the inactive list and would read as free in MemAvailable's sense)
