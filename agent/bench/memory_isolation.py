@@ -371,6 +371,17 @@ def run(box_mib: int = 512, online_anon_mib: int = 64, online_file_mib: int = 64
             agent.shutdown()
             agent.reconciler.revert()
 
+        # the offline job asks for 100 millicpu: on a host whose cpus are busy (the run before this one
+        # still winding down) the capacity may have no room for seconds, and a short round would measure
+        # an offline side that never ran; wait for room (the periods go on), and say so if it never comes
+        deadline = time.monotonic() + 30
+        while (agent.state.reclaim_millicpu or 0) < 100 and agent.state.reclaim_millicpu is not None:
+            if time.monotonic() > deadline:
+                cleanup()
+                raise TidalError(f"no reclaimed cpu capacity for the offline job after 30 s "
+                                 f"({agent.state.reclaim_millicpu} millicpu; online uses {agent.harvest.online_millicpu} "
+                                 "millicpu): this host's cpus are busy")
+            time.sleep(config.period)
         base = config.cgroup_base
         info = {"agent": agent, "state_dir": state_dir}
         return place, (lambda: agent.driver.memory_usage_bytes(f"{base}/reclaimed")), evicted, cleanup, info
