@@ -45,25 +45,23 @@ fi
 for link in $(ip -o link show 2>/dev/null | awk -F': ' '{print $2}' | sed 's/@.*//' | grep -E '^tnd[0-9a-f]{8}$'); do
     ip link del "$link" 2>/dev/null && removed=$((removed + 1)) && echo "link $link"
 done
+remove_cgroup_tree() {  # TREE: rmdir deepest first; a cgroup with tasks refuses and is left alone
+    [ -d "$1" ] || return 0
+    if find "$1" -depth -type d -exec rmdir {} \; 2>/dev/null && [ ! -d "$1" ]; then
+        removed=$((removed + 1)) && echo "cgroup $1"
+    else
+        echo "cgroup $1: still has tasks, left alone" >&2
+    fi
+}
 if ! pgrep -x kubelet >/dev/null 2>&1; then
     for tree in /sys/fs/cgroup/*/kubepods /sys/fs/cgroup/kubepods; do
-        [ -d "$tree" ] || continue
-        if find "$tree" -depth -type d -exec rmdir {} \; 2>/dev/null && [ ! -d "$tree" ]; then
-            removed=$((removed + 1)) && echo "cgroup $tree"
-        else
-            echo "cgroup $tree: still has tasks, left alone" >&2
-        fi
+        remove_cgroup_tree "$tree"
     done
 fi
 for top in /sys/fs/cgroup /sys/fs/cgroup/*; do
     [ -d "$top" ] || continue
     for tree in "$top"/tidal-test-* "$top"/tidal-bench-*; do
-        [ -d "$tree" ] || continue
-        if find "$tree" -depth -type d -exec rmdir {} \; 2>/dev/null && [ ! -d "$tree" ]; then
-            removed=$((removed + 1)) && echo "cgroup $tree"
-        else
-            echo "cgroup $tree: still has tasks, left alone" >&2
-        fi
+        remove_cgroup_tree "$tree"
     done
 done
 for file in /var/tmp/tidal-test-working-set-*.bin; do

@@ -32,17 +32,15 @@ work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 repo="$(pwd)"
 
+go_module() {  # NAME MODULE VERSION: a scratch module in $work/NAME that requires MODULE@VERSION; cd there
+    mkdir -p "$work/$1"
+    cd "$work/$1"
+    printf 'module tidal.local/%s\n\ngo 1.24\n\nrequire %s %s\n' "$1" "$2" "$3" > go.mod
+}
+
 if ! [ -x "$DEST/containerd" ] || ! [ -x "$DEST/containerd-shim-runc-v2" ] || ! [ -x "$DEST/ctr" ]; then
     echo "node-testbin: containerd v$CONTAINERD_VERSION, its runc shim and ctr"
-    mkdir -p "$work/containerd"
-    cd "$work/containerd"
-    cat > go.mod <<GOMOD
-module tidal.local/nodetestbin
-
-go 1.24
-
-require github.com/containerd/containerd/v2 v$CONTAINERD_VERSION
-GOMOD
+    go_module containerd github.com/containerd/containerd/v2 "v$CONTAINERD_VERSION"
     cat > tools.go <<'GO'
 //go:build tools
 
@@ -65,15 +63,7 @@ fi
 
 if ! [ -x "$DEST/runc-$RUNC_VERSION" ]; then
     echo "node-testbin: runc v$RUNC_VERSION"
-    mkdir -p "$work/runc"
-    cd "$work/runc"
-    cat > go.mod <<GOMOD
-module tidal.local/runcbin
-
-go 1.24
-
-require github.com/opencontainers/runc v$RUNC_VERSION
-GOMOD
+    go_module runc github.com/opencontainers/runc "v$RUNC_VERSION"
     printf '//go:build tools\n\npackage tools\n\nimport _ "github.com/opencontainers/runc"\n' > tools.go
     go mod tidy >/dev/null
     go build -trimpath -tags seccomp -o "$DEST/runc.tmp" github.com/opencontainers/runc

@@ -71,29 +71,21 @@ class AgentCollector(Collector):
                 ev.add_metric([cause], count)
             yield ev
             memory = agent.memory_status()
-            for name, key, text in (
-                    ("tidal_memory_available_bytes", "available_bytes", "the node's available memory (MemAvailable)"),
-                    ("tidal_memory_evict_below_bytes", "evict_below_bytes", "available memory under which reclaimed work is evicted"),
-                    ("tidal_online_memory_pressure_percent", "online_pressure_percent",
-                     "share of the last period some online task stalled on memory (PSI), worst online cgroup"),
-                    ("tidal_offline_memory_throttle_bytes", "offline_throttled_to_bytes",
-                     "what offline work may hold while online stalls on memory (absent: not throttled)")):
-                if memory[key] is not None:
-                    g = GaugeMetricFamily(name, text)
-                    g.add_metric([], memory[key])
-                    yield g
+            yield from gauges(memory, (
+                ("tidal_memory_available_bytes", "available_bytes", "the node's available memory (MemAvailable)"),
+                ("tidal_memory_evict_below_bytes", "evict_below_bytes", "available memory under which reclaimed work is evicted"),
+                ("tidal_online_memory_pressure_percent", "online_pressure_percent",
+                 "share of the last period some online task stalled on memory (PSI), worst online cgroup"),
+                ("tidal_offline_memory_throttle_bytes", "offline_throttled_to_bytes",
+                 "what offline work may hold while online stalls on memory (absent: not throttled)")))
             cpu = agent.cpu_pressure_status()
-            for name, key, text in (
-                    ("tidal_online_cpu_pressure_percent", "online_cpu_percent",
-                     "share of the last period some online task waited for a cpu (PSI), worst online cgroup"),
-                    ("tidal_online_io_pressure_percent", "online_io_percent",
-                     "share of the last period some online task waited for block io (PSI), worst online cgroup"),
-                    ("tidal_lending_held_periods", "lending_held_periods",
-                     "periods before lending may grow again after online's cpu pressure took lent cpus back")):
-                if cpu[key] is not None:
-                    g = GaugeMetricFamily(name, text)
-                    g.add_metric([], cpu[key])
-                    yield g
+            yield from gauges(cpu, (
+                ("tidal_online_cpu_pressure_percent", "online_cpu_percent",
+                 "share of the last period some online task waited for a cpu (PSI), worst online cgroup"),
+                ("tidal_online_io_pressure_percent", "online_io_percent",
+                 "share of the last period some online task waited for block io (PSI), worst online cgroup"),
+                ("tidal_lending_held_periods", "lending_held_periods",
+                 "periods before lending may grow again after online's cpu pressure took lent cpus back")))
             c = CounterMetricFamily("tidal_cpu_pressure_shrinks", "lent cpus taken back on online cpu pressure")
             c.add_metric([], cpu["shrinks"])
             yield c
@@ -138,6 +130,15 @@ class AgentCollector(Collector):
 
 
 _registries: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def gauges(figures, rows):
+    """A gauge for each (metric name, key of ``figures``, help) whose figure is known (None: absent)."""
+    for name, key, text in rows:
+        if figures[key] is not None:
+            g = GaugeMetricFamily(name, text)
+            g.add_metric([], figures[key])
+            yield g
 
 
 def render(agent) -> bytes:

@@ -72,6 +72,7 @@ def test_online_cpu_pressure_takes_lent_cpus_back_under_saturation(tmp_path):
             since = (since or time.monotonic()) if lent else None
             time.sleep(0.02)
         assert agent.counters["cpu_pressure_shrinks"] == 0
+        by_use = agent.counters["fast_shrinks"]  # the utilisation guard's so far (the VM's slow start may fire it)
         step = time.monotonic()
         for web in webs:
             web.stdin.write("go\n")
@@ -90,10 +91,11 @@ def test_online_cpu_pressure_takes_lent_cpus_back_under_saturation(tmp_path):
         print(f"online's burst -> it waited {agent.harvest.cpu_loop.last_trigger}% of 0.25 s on the one cpu left; "
               f"lent cpu taken back {taken_after:.3f} s after the burst began (guard {agent.config.guard_interval} s, "
               f"pressure window 0.25 s); online waited "
-              f"{[round(h, 1) for h in held]}% of each period after; utilisation shrinks "
-              f"{agent.counters['fast_shrinks'] - agent.counters['cpu_pressure_shrinks']}")
+              f"{[round(h, 1) for h in held]}% of each period after; utilisation shrinks since the burst "
+              f"{agent.counters['fast_shrinks'] - agent.counters['cpu_pressure_shrinks'] - by_use}")
         # the utilisation guard did not see it: 0.5 cpu is no saturation of one cpu
-        assert agent.counters["fast_shrinks"] == agent.counters["cpu_pressure_shrinks"] == 1
+        assert agent.counters["cpu_pressure_shrinks"] == 1
+        assert agent.counters["fast_shrinks"] == by_use + 1
         # online's processes may run on every cpu again, as the kernel shows it (whether the scheduler spreads
         # them is its own affair: this host's kernel kept both on one cpu for seconds at times, printed above)
         for web in webs:
