@@ -45,6 +45,13 @@ ONLINE_TREES = ("system", "dedicated", "shared")  # latency-sensitive work: its 
 PROTECTION_STEP = 64 * MIB
 
 
+def online_wait(meter: PressureMeter) -> Optional[float]:
+    """Online's cpu wait share from the online cgroups' own pressure files, else None: the node-wide
+    figure counts offline work's own waiting (reclaimed tasks queue for idle cycles by design), and a
+    loop on it would take lent cpus back whenever offline is busy."""
+    return meter.percent if meter.scope == "cgroups" else None
+
+
 class Harvest:
     def __init__(self, owner: StateOwner, enforcement: Enforcement, lending: NodeLending, config,
                  counters: Dict[str, int], history_path: str) -> None:
@@ -298,7 +305,7 @@ class Harvest:
             shared_target = lay.shared_need  # lent: everything not needed goes to offline
         else:
             shared_target = self.sizer.update(self.online_millicpu, lay.shared_need, len(lay.free),
-                                              self.cpu_loop.may_lend_more(self.cpu_pressure.percent))
+                                              self.cpu_loop.may_lend_more(online_wait(self.cpu_pressure)))
         lendable = len(owner.pools().lendable)
         target = lendable + max(0, len(lay.free) - shared_target)
         if target != owner.state.reclaim_cpus:
@@ -470,7 +477,8 @@ class Harvest:
                 if stalled is not None and stalled >= self.throttle.threshold:
                     self.throttle_now(stalled)
             if self.cpu_loop.threshold > 0 and count % cpu_every == 0:
-                waiting = cpu_pressure.sample(now)
+                cpu_pressure.sample(now)
+                waiting = online_wait(cpu_pressure)
                 if waiting is not None and waiting >= self.cpu_loop.threshold:
                     self.cpu_pressure_now(waiting)
             total = sum(read() or 0 for read in readers)

@@ -92,3 +92,25 @@ def test_off_at_zero(tmp_path):
         assert not agent.harvest.cpu_pressure_now(100.0) and agent.harvest.carved()
     finally:
         agent.shutdown()
+
+
+def test_only_the_online_cgroups_own_pressure_acts_never_the_nodes():
+    # the node-wide figure counts reclaimed tasks queueing for idle cycles: acting on it would take lent
+    # cpus back whenever offline is busy
+    from agent.reporter.pressure import PressureMeter
+    from agent.services.harvest import online_wait
+
+    doc = lambda total: {"some": {"total": total, "avg10": 0.0}}  # noqa: E731
+    totals = {"node": 0.0}
+    node_only = PressureMeter(lambda path, resource: None, lambda: ["tidal/shared"], "cpu",
+                              node=lambda resource: doc(totals["node"]))
+    node_only.sample(0.0)
+    totals["node"] = 900_000.0  # 90% of a second
+    node_only.sample(1.0)
+    assert node_only.scope == "node" and node_only.percent == 90.0 and online_wait(node_only) is None
+    own = {"total": 0.0}
+    per_cgroup = PressureMeter(lambda path, resource: doc(own["total"]), lambda: ["tidal/shared"], "cpu")
+    per_cgroup.sample(0.0)
+    own["total"] = 300_000.0
+    per_cgroup.sample(1.0)
+    assert per_cgroup.scope == "cgroups" and online_wait(per_cgroup) == 30.0
