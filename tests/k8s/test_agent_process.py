@@ -34,6 +34,7 @@ import uuid
 import pytest
 import yaml
 
+from tests.cgroup_trees import remove_cgroup_tree
 from tests.conftest import is_root
 from tests.k8s.controlplane import wait_for
 
@@ -122,22 +123,10 @@ def nrt_cpu_free(api, node):
     return free
 
 
-def _rmtree_cgroup(path):
-    """Remove a cgroup directory tree bottom-up (cgroup dirs are removed with rmdir)."""
-    if not os.path.isdir(path):
-        return
-    for entry in os.scandir(path):
-        if entry.is_dir(follow_symlinks=False):
-            _rmtree_cgroup(entry.path)
-    try:
-        os.rmdir(path)
-    except OSError:
-        pass
-
-
 def _remove_test_tree(base):
-    for root in os.listdir("/sys/fs/cgroup"):
-        _rmtree_cgroup(os.path.join("/sys/fs/cgroup", root, base))
+    """Every hierarchy's ``base`` tree; the paths that stayed."""
+    return [path for path in (os.path.join("/sys/fs/cgroup", root, base) for root in os.listdir("/sys/fs/cgroup"))
+            if not remove_cgroup_tree(path)]
 
 
 def test_the_daemonset_agent_keeps_its_pods_and_frees_them_on_deletion(plane, api, hwloc_trees, hwloc_topologies,
@@ -233,8 +222,11 @@ def test_the_daemonset_agent_keeps_its_pods_and_frees_them_on_deletion(plane, ap
         if sleeper is not None:
             sleeper.kill()
             sleeper.wait()
+        left = []
         if real:
-            _remove_test_tree(base)
-            if made_kubepods:
-                _rmtree_cgroup(f"{CPUSET}/kubepods")
+            left = _remove_test_tree(base)
+            if made_kubepods and not remove_cgroup_tree(f"{CPUSET}/kubepods"):
+                left.append(f"{CPUSET}/kubepods")
     assert codes == {name: 0 for name in agents}, {name: agent.log() for name, agent in agents.items()}
+    # a kubepods tree left on the host would stop the node tier (it takes it for a kubelet's)
+    assert not left, f"cgroups the test made could not be removed: {left}"

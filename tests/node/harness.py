@@ -24,11 +24,13 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 import uuid
 from typing import Dict, List, Optional
 
+from tests.cgroup_trees import remove_cgroup_tree
 from tests.k8s.controlplane import ControlPlane, _tail, _terminate, _wait, free_port
 
 SERVICE_CIDR = "198.19.254.0/24"
@@ -68,22 +70,6 @@ def pause_archive(bin_dir: str) -> Optional[str]:
         if name.startswith("pause-") and name.endswith(".oci.tar"):
             return os.path.join(bin_dir, name)
     return None
-
-
-def remove_cgroup_tree(path: str) -> None:
-    """rmdir a cgroup and everything under it, deepest first (a cgroup with tasks stays)."""
-    if not os.path.isdir(path):
-        return
-    for parent, dirs, _files in os.walk(path, topdown=False):
-        for name in dirs:
-            try:
-                os.rmdir(os.path.join(parent, name))
-            except OSError:
-                pass
-    try:
-        os.rmdir(path)
-    except OSError:
-        pass
 
 
 def kubepods_cgroups() -> List[str]:
@@ -144,8 +130,15 @@ class RealNode:
             os.makedirs(path, exist_ok=True)
             open(os.path.join(path, LEFTOVER_MARK), "w").close()
         if kubepods_cgroups():
-            raise RuntimeError(f"kubepods cgroups exist ({kubepods_cgroups()[0]}): a kubelet runs, or ran, "
-                               "on this host; run `make clean-test-leftovers`")
+            if subprocess.run(["pgrep", "-x", "kubelet"], capture_output=True).returncode == 0:
+                raise RuntimeError(f"a kubelet runs on this host ({kubepods_cgroups()[0]} exists); the node tier "
+                                   "runs its own")
+            # no kubelet: an earlier run's trees (a killed run); the empty ones go, as `make clean-test-leftovers`
+            # removes them, and a tree with tasks in it stops the tier
+            held = [path for path in kubepods_cgroups() if not remove_cgroup_tree(path, timeout=0)]
+            if held:
+                raise RuntimeError(f"kubepods cgroups with tasks in them exist ({held[0]}) and no kubelet runs: "
+                                   "run `make clean-test-leftovers`")
         # a veth pair, not a dummy link: this host's kernel has no dummy module; deleting one end removes both
         subprocess.run(["ip", "link", "add", self.link, "type", "veth", "peer", "name", self.link + "p"], check=True,
                        capture_output=True)
@@ -360,7 +353,8 @@ serializeImagePulls: false
                 if not keep:
                     shutil.rmtree(self.dir, ignore_errors=True)
         for path in kubepods_cgroups():
-            remove_cgroup_tree(path)
+            if not remove_cgroup_tree(path):
+                print(f"node tier: {path} still has tasks; `make clean-test-leftovers` removes it", file=sys.stderr)
         for path in AGENT_HOST_DIRS:
             if path in self.made_dirs:
                 shutil.rmtree(path, ignore_errors=True)
