@@ -521,6 +521,9 @@ def status(socket_path: str, as_json: bool) -> None:
                    f"pressure " + ("- (no PSI)" if pressure is None and memory["pressure_scope"] is None else
                                    f"{'-' if pressure is None else f'{pressure:.1f}%'} "
                                    f"({memory['pressure_scope']}; evicts at {memory['pressure_threshold_percent']:g}%)"))
+        if memory.get("protected_bytes") is not None:
+            click.echo(f"online memory protected (memory.low): {gib(memory['protected_bytes'])} in "
+                       f"{len(memory['protection'])} cgroups")
         if memory.get("offline_throttled_to_bytes") is not None:
             click.echo(f"offline memory THROTTLED to {gib(memory['offline_throttled_to_bytes'])} (online stalled on "
                        f"memory; {memory['pressure_throttles']} cuts so far)")

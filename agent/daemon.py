@@ -440,7 +440,11 @@ class Agent:
         return {"total_bytes": total, "available_bytes": self.harvest.available_bytes,
                 "evict_below_bytes": self.eviction.watermark(total),
                 "online_bytes": self.harvest.online_bytes,
-                "reclaimed_bytes": self.driver.memory_usage_bytes(f"{self.config.cgroup_base}/reclaimed"),
+                "reclaimed_bytes": self.harvest.offline_bytes,
+                # memory.low in force (v2; None on v1, which has none): per cgroup holding online processes
+                "protected_bytes": sum(v for _, v in self.harvest.protection())
+                if self.driver.features.get("memory_protection") else None,
+                "protection": dict(self.harvest.protection()),
                 "online_pressure_percent": meter.percent, "online_pressure_avg10": meter.avg10,
                 "pressure_scope": meter.scope, "pressure_threshold_percent": self.eviction.memory_pressure_threshold,
                 "offline_throttled_to_bytes": self.harvest.throttle.limit,

@@ -23,8 +23,8 @@ those). Treatments, taking turns (``repeats`` rounds):
 * ``limit``: the offline job under a plain ``memory.max`` (v1: ``limit_in_bytes``)
   of what online leaves when it is warm (a static limit sized by hand);
 * ``tidal``: Tidal's agent in-process on real cgroups, the service a
-  ``shared_cores`` workload, the job ``reclaimed_cores``, the agent's loop and
-  fast guard running (capacity from online's measured use, ``memory.max``,
+  ``shared_cores`` workload, the job ``reclaimed_cores``, Tidal's tree in the
+  box as at a node's root, the agent's loop and fast guard running (capacity from online's measured use, ``memory.max``,
   ``memory.high`` and online's ``memory.low`` on v2, the soft limit on v1, the
   pressure throttle, eviction).
 
@@ -336,7 +336,9 @@ def run(box_mib: int = 512, online_anon_mib: int = 64, online_file_mib: int = 64
                              cgroup_base=f"tidal-{box}", cgroup_parent="self", period=0.5, empty_grace=3600,
                              confine_self=True, memory_reserved_bytes=box_bytes // 16,
                              memory_evict_below=box_bytes // 32)
-        agent = Agent(config, echo=lambda line: None, topology=topo)
+        # Tidal's tree in the box, beside the harness (as at a node's root: its memory.low counts against the
+        # box's limit; under the harness's cgroup, which has none, it would protect nothing)
+        agent = Agent(config, echo=lambda line: None, topology=topo, driver=driver.below(box))
         agent.start()
         agent.harvest.estimator.deadband_bytes = box_bytes // 16  # 256 MiB on a real node: half this one
         agent.admit({"name": "online", "qos": "shared_cores", "millicpu": 200})

@@ -76,6 +76,10 @@ class AgentCollector(Collector):
                 ("tidal_memory_evict_below_bytes", "evict_below_bytes", "available memory under which reclaimed work is evicted"),
                 ("tidal_online_memory_pressure_percent", "online_pressure_percent",
                  "share of the last period some online task stalled on memory (PSI), worst online cgroup"),
+                ("tidal_online_memory_protected_bytes", "protected_bytes",
+                 "online memory under memory.low (cgroup v2; absent on v1)"),
+                ("tidal_offline_memory_bytes", "reclaimed_bytes",
+                 "memory offline work holds (the reclaimed tree, declared offline cgroups, reclaimed pods)"),
                 ("tidal_offline_memory_throttle_bytes", "offline_throttled_to_bytes",
                  "what offline work may hold while online stalls on memory (absent: not throttled)")))
             cpu = agent.cpu_pressure_status()

@@ -2,9 +2,11 @@
 
 Every period: sample usage (the pools' aggregates; each workload's every
 ``usage_period``); online = everything but the reclaimed and dedicated trees,
-Tidal's helpers and the cgroups declared offline (``--offline-cgroup``: an
+Tidal's helpers, the cgroups declared offline (``--offline-cgroup``: an
 offline system's own daemons and containers where they live outside Tidal's
-tree);
+tree) and the cgroups of reclaimed and dedicated pods (the kubelet's, in
+Kubernetes mode: counted as online, a reclaimed pod's own use would shrink
+the capacity it runs on);
 resize the reclaim pool (``ReclaimSizer``); estimate the reclaimed capacity
 (``CapacityEstimator``; both use THE headroom rule, ``contracts.headroom``);
 publish it (generation, long-pollers, the push to offline agents) when it
@@ -45,6 +47,14 @@ ONLINE_TREES = ("system", "dedicated", "shared")  # latency-sensitive work: its 
 PROTECTION_STEP = 64 * MIB
 
 
+def _percpu(text: Optional[str]) -> Optional[List[int]]:
+    """v1 ``cpuacct.usage_percpu``: ns per cpu, or ``None``."""
+    try:
+        return [int(v) for v in text.split()] if text else None
+    except ValueError:
+        return None
+
+
 def online_wait(meter: PressureMeter) -> Optional[float]:
     """Online's cpu wait share from the online cgroups' own pressure files, else None: the node-wide
     figure counts offline work's own waiting (reclaimed tasks queue for idle cycles by design), and a
@@ -68,6 +78,7 @@ class Harvest:
         self.cpu_usage: Dict[int, int] = {}
         self.online_millicpu = 0
         self.online_bytes = 0
+        self.offline_bytes = 0  # what offline work holds: the reclaimed tree, declared offline cgroups, reclaimed pods
         self.available_bytes: Optional[int] = None  # the node's MemAvailable (live hosts only)
         self._protection: Dict[str, int] = {}  # online tree -> memory.low (see protect())
         self.capacity: Optional[Capacity] = None
@@ -96,7 +107,9 @@ class Harvest:
             self._tasks = TaskCpuAttribution(lambda: [
                 *(pid for tree in NOT_ONLINE for pid in procs_in_tree(self.driver, f"{base}/{tree}")),
                 *(pid for path in self.offline_cgroups if self._rooted.present(path)
-                  for pid in procs_in_tree(self._rooted, path))])
+                  for pid in procs_in_tree(self._rooted, path)),
+                *(pid for path in self.offline_pods() if self.driver.present(path)
+                  for pid in procs_in_tree(self.driver, path))])
 
         # online's memory stall share (PSI), every period: a cause of eviction (services.eviction), and the
         # throttle's way back; the fast guard has its own meter, for the throttle's cut
@@ -109,6 +122,7 @@ class Harvest:
         self.io_pressure = PressureMeter(self.driver.pressure, self.online_cgroups, "io")
         self.raw_memory: Optional[int] = None  # the reclaimed memory capacity before the throttle
         self._online_key: Optional[tuple] = None  # (state, placements, paths) of online_cgroups()
+        self._pods_key: Optional[tuple] = None  # (state, placements, pods) of offline_pods()
         self._guard_stop: Optional[threading.Event] = None  # the agent's stop, once the fast guard runs
 
     def online_cgroups(self) -> List[str]:
@@ -125,6 +139,23 @@ class Harvest:
                 paths += self.enforcement.cgroups_of(alloc)[:1]
         self._online_key = (state, dict(placements), paths)
         return paths
+
+    def offline_pods(self) -> Dict[str, bool]:
+        """The cgroups of workloads placed outside Tidal's tree (pods) whose use is not online demand,
+        each with whether its memory is offline's: reclaimed pods (cpu and memory) and dedicated pods
+        (cpu only, as Tidal's dedicated tree: their cpus are never lent, and their memory is online's).
+        Read every period, as the trees are (worked out again only when the state or placements changed)."""
+        state, placements = self.owner.state, self.owner.placements
+        key = self._pods_key
+        if key is not None and key[0] is state and key[1] == placements:
+            return key[2]
+        pods: Dict[str, bool] = {}
+        for alloc in state.allocations if state is not None else ():
+            paths = placements.get(alloc.name) if alloc.source != LOCAL else None
+            if paths and alloc.qos in (QoS.RECLAIMED, QoS.DEDICATED):
+                pods[paths[0]] = alloc.qos is QoS.RECLAIMED
+        self._pods_key = (state, dict(placements), pods)
+        return pods
 
     def start(self) -> Optional[str]:
         """Ready to sample; a warning line when the usage history was unusable."""
@@ -158,18 +189,24 @@ class Harvest:
         self.usage = {p: v for p, v in self.usage.items() if p in live}
 
     def _offline_counters(self) -> Dict[str, Optional[int]]:
-        return {path: read() for path, read in self._offline_readers.items()}
+        counters = {path: read() for path, read in self._offline_readers.items()}
+        # a pod's cgroup comes and goes: opened each time (a reader kept open would hold its file past it)
+        counters.update({path: self.driver.cpu_usage_ns(path) for path in self.offline_pods()})
+        return counters
 
     def _offline_rates(self, now: float, counters: Dict[str, Optional[int]]) -> None:
-        """Each declared offline cgroup's millicpu since the last sample (None while it is missing)."""
+        """Each offline cgroup's (declared, or an offline pod's) millicpu since the last sample (None
+        while it is missing); a pod that ended is dropped."""
         last_time, last = self._offline_last
         self._offline_last = (now, counters)
+        usage: Dict[str, Optional[int]] = {}
         for path, value in counters.items():
             before = last.get(path)
             if value is None or before is None or last_time is None or now <= last_time:
-                self.offline_usage[path] = None if value is None else self.offline_usage.get(path, 0)
+                usage[path] = None if value is None else self.offline_usage.get(path, 0)
                 continue
-            self.offline_usage[path] = max(0, round((value - before) / 1e6 / (now - last_time)))
+            usage[path] = max(0, round((value - before) / 1e6 / (now - last_time)))
+        self.offline_usage = usage
 
     def _observe(self, sample, now: float, epoch: float) -> None:
         base = self.enforcement.base
@@ -181,11 +218,14 @@ class Harvest:
         trees = self.protect()
         offline_bytes = self.driver.memory_usage_bytes(f"{base}/reclaimed") or 0
         offline_bytes += sum(self._rooted.memory_usage_bytes(p) or 0 for p in self.offline_cgroups)
+        offline_bytes += sum(self.driver.memory_usage_bytes(p) or 0 for p, memory in self.offline_pods().items()
+                             if memory)
         # online's use: the node's in use (its inactive page cache counted free, as MemAvailable counts
         # it) less offline's, and never less than what Tidal's online trees hold with all their page
         # cache: a service's mapped files sit on the inactive list between touches, and a capacity that
         # counted them free would let offline push the service's working set out (bench memory-isolation
         # measured 63 major faults and a 145 ms p99 on v1 before this)
+        self.offline_bytes = offline_bytes
         self.online_bytes = max(0, used - offline_bytes, trees)
         self.estimator.observe(now, epoch, self.online_millicpu, self.online_bytes, self._online_per_node(sample, now))
         hour = self.estimator.history.key(epoch)
@@ -223,23 +263,40 @@ class Harvest:
         return total, available
 
     def protect(self) -> int:
-        """Each online tree's ``memory.low``: what it uses, rounded up to ``PROTECTION_STEP``; raised as
-        soon as its use passes it, lowered only once its use is two steps under (few writes). Memory
-        under ``memory.low`` is reclaimed only when nothing unprotected is left: offline work's pages
-        go first. (v2 only; v1 has no such file, and the knob table writes nothing there.) Returns what
-        the online trees hold together, page cache included."""
+        """``memory.low`` (v2) of each cgroup that holds online processes: what it uses, rounded up to
+        ``PROTECTION_STEP``; raised as soon as its use passes it, lowered only once its use is two steps
+        under (few writes). Those cgroups are Tidal's system tree, each dedicated and shared workload's
+        leaf, and each online pod's containers (its cgroup where none is known); ``desired_tree`` gives
+        every cgroup above them the sum below it. Protection must reach the cgroups the pages are charged
+        to: the kernel bounds a cgroup's protection by its parent's, and a cgroup with no ``memory.low``
+        of its own has none (unless cgroup2 is mounted with ``memory_recursiveprot``, which systemd does
+        and a bare mount does not). Memory under ``memory.low`` is reclaimed only when nothing
+        unprotected is left: offline work's pages go first. Returns what the online trees hold together,
+        page cache included."""
         base = self.enforcement.base
-        total = 0
-        for tree in ONLINE_TREES:
-            used = self.driver.memory_usage_bytes(f"{base}/{tree}")
+        total = sum(self.driver.memory_usage_bytes(f"{base}/{tree}") or 0 for tree in ONLINE_TREES)
+        if not self.driver.features.get("memory_protection"):
+            return total  # v1: no memory.low to write
+        protection: Dict[str, int] = {}
+        for path in self._protected_cgroups():
+            used = self.driver.memory_usage_bytes(path)
             if used is None:
                 continue
-            total += used
             target = -(-used // PROTECTION_STEP) * PROTECTION_STEP
-            old = self._protection.get(tree)
-            if old is None or target > old or target < old - 2 * PROTECTION_STEP:
-                self._protection[tree] = target
+            old = self._protection.get(path)
+            protection[path] = target if old is None or target > old or target < old - 2 * PROTECTION_STEP else old
+        self._protection = protection
         return total
+
+    def _protected_cgroups(self) -> List[str]:
+        base = self.enforcement.base
+        paths = [f"{base}/system"]  # system workloads of Tidal's own share it
+        for alloc in self.owner.state.allocations if self.owner.state is not None else ():
+            if alloc.qos is QoS.RECLAIMED or (alloc.qos is QoS.SYSTEM and alloc.source == LOCAL):
+                continue
+            cgroups = self.enforcement.cgroups_of(alloc)
+            paths += cgroups if alloc.source == LOCAL else (cgroups[1:] or cgroups[:1])
+        return paths
 
     def protection(self) -> tuple:
         return tuple(sorted(self._protection.items()))
@@ -280,6 +337,10 @@ class Harvest:
         counters = {i: v for i, v in enumerate(other)}
         counters.update({("offline", i): v for i, v in enumerate(read() for read in self._offline_percpu)
                          if v is not None and len(v) == len(other[0])})
+        for path in self.offline_pods():
+            values = _percpu(self.driver.read("cpuacct", path, "cpuacct.usage_percpu"))
+            if values is not None and len(values) == len(other[0]):
+                counters[("pod", path)] = values
         last = self._percpu_last
         self._percpu_last = (now, counters)
         if last is None or now <= last[0]:

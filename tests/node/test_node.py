@@ -259,7 +259,10 @@ def test_a_reclaimed_pod_runs_at_the_lowest_priority_under_a_quota_and_yields_to
     print(f"reclaimed pod: {sum(alone):.3f} cpus alone ({on_online_cpus(alone):.3f} on cpus {sorted(online_cpus)}); "
           f"beside a spinning online pod {sum(batch_beside):.3f} ({on_online_cpus(batch_beside):.3f} on the online "
           f"pod's cpus, where the online pod used {on_online_cpus(online_beside):.3f})")
-    assert sum(alone) > 0.2, f"the reclaimed pod barely ran alone ({alone})"
+    # alone, it takes the free cpu: the node's own daemons run on the reserved cpu (at most 1000 m of online
+    # use, 1200 with the buffer, so the capacity and its quota stay >= 800 m of the 2000). When its own use
+    # counted as online it settled at 0.34-0.57 cpu, the capacity shrinking by what it used
+    assert sum(alone) > 0.7, f"the reclaimed pod did not get the idle cpu alone ({alone})"
     # beside online, it yields online's cpus; it may go on using idle time elsewhere (the reserved cpus'
     # idle cycles are reclaimable too), never online's
     assert on_online_cpus(online_beside) > 0.9 * len(online_cpus), (online_cpus, online_beside)

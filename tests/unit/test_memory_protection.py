@@ -165,25 +165,54 @@ def knobs_of(specs, path):
 
 
 def test_desired_tree_protects_online_memory_and_throttles_offline_before_its_max():
+    from agent.qrm.policy import allocate
+    from agent.qrm.requests import parse_request
     from agent.topology.synthetic import Shape, build_topology
 
     topo = build_topology(Shape(sockets=1, numa_per_socket=1, cores_per_numa=4, threads_per_core=1))
     state = initial_state(topo, None)
-    options = CgroupOptions(reclaimed_memory_max=10 * GIB, online_memory_low=(("shared", 3 * GIB), ("system", GIB)))
-    specs = desired_tree(topo, state, pools(topo, state), options, {"cpu.idle": True, "memory": True})
+    for doc in ({"name": "web", "qos": "shared_cores", "millicpu": 500},
+                {"name": "default.api", "qos": "shared_cores", "millicpu": 500},
+                {"name": "default.batch", "qos": "reclaimed_cores", "millicpu": 500, "tier": "low"}):
+        state = state.with_allocation(allocate(topo, state, parse_request(doc)))
+    api = ("kubepods/burstable/podapi", "kubepods/burstable/podapi/c1", "kubepods/burstable/podapi/c2")
+    batch = ("kubepods/besteffort/podbatch", "kubepods/besteffort/podbatch/c1")
+    # measured: what the cgroups holding online processes use (Harvest.protect), here Tidal's system
+    # tree, the local shared workload's leaf and the online pod's two containers
+    options = CgroupOptions(reclaimed_memory_max=10 * GIB, online_memory_low=(
+        ("tidal/system", GIB), ("tidal/shared/web", 3 * GIB), (api[1], 2 * GIB), (api[2], GIB)))
+    specs = desired_tree(topo, state, pools(topo, state), options, {"cpu.idle": True, "memory": True},
+                         placements={"default.api": api, "default.batch": batch})
     parent = knobs_of(specs, "tidal/reclaimed")
     assert parent["memory_max"] == 10 * GIB and parent["memory_high"] == 9 * GIB and parent["memory_soft_limit"] == 0
-    assert knobs_of(specs, "tidal/shared")["memory_low"] == 3 * GIB
+    # where the pages are charged, and every cgroup above it the sum below (a cgroup's protection is
+    # bounded by its parent's, and one with no memory.low has none)
+    assert knobs_of(specs, "tidal/shared/web")["memory_low"] == knobs_of(specs, "tidal/shared")["memory_low"] == 3 * GIB
     assert knobs_of(specs, "tidal/system")["memory_low"] == GIB
+    assert knobs_of(specs, "tidal")["memory_low"] == 4 * GIB
     assert "memory_low" not in knobs_of(specs, "tidal/dedicated")  # nothing measured there yet
-    assert knobs_of(specs, "tidal")["memory_low"] == 4 * GIB  # the parent bounds its children's protection
     assert "memory_low" not in knobs_of(specs, "tidal/reclaimed")
+    assert [knobs_of(specs, p)["memory_low"] for p in api] == [3 * GIB, 2 * GIB, GIB]
+    above = {s.path: s for s in specs if s.path in ("kubepods", "kubepods/burstable")}
+    assert {p: s.knobs for p, s in above.items()} == {"kubepods": {"memory_low": 3 * GIB},
+                                                      "kubepods/burstable": {"memory_low": 3 * GIB}}
+    assert all(s.external and s.workload is None for s in above.values())  # the kubelet's: never made or removed
+    order = [s.path for s in specs]
+    assert order.index("kubepods") < order.index("kubepods/burstable") < order.index(api[0])
+    # the reclaimed pod: throttled at the reclaimed tree's memory.high, first reclaimed under global
+    # pressure (v1's soft limit), on its own cgroup (its containers' are bounded by it); never protected
+    assert knobs_of(specs, batch[0])["memory_high"] == 9 * GIB and knobs_of(specs, batch[0])["memory_soft_limit"] == 0
+    assert not any(k.startswith("memory") for k in knobs_of(specs, batch[1]))
+    assert "kubepods/besteffort" not in order
     # an explicit memory.high wins; a kernel without the memory controller gets no memory knob at all
     explicit = desired_tree(topo, state, pools(topo, state), CgroupOptions(reclaimed_memory_max=10 * GIB,
-                            reclaimed_memory_high=5 * GIB), {"cpu.idle": True, "memory": True})
-    assert knobs_of(explicit, "tidal/reclaimed")["memory_high"] == 5 * GIB
-    bare = desired_tree(topo, state, pools(topo, state), options, {"cpu.idle": True, "memory": False})
+                            reclaimed_memory_high=5 * GIB), {"cpu.idle": True, "memory": True},
+                            placements={"default.batch": batch})
+    assert knobs_of(explicit, "tidal/reclaimed")["memory_high"] == knobs_of(explicit, batch[0])["memory_high"] == 5 * GIB
+    bare = desired_tree(topo, state, pools(topo, state), options, {"cpu.idle": True, "memory": False},
+                        placements={"default.api": api, "default.batch": batch})
     assert not any(k.startswith("memory") for s in bare for k in s.knobs)
+    assert "kubepods" not in [s.path for s in bare]
 
 
 def test_knob_table_has_v1s_soft_limit_and_v2s_low():

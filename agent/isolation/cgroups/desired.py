@@ -56,7 +56,9 @@ class CgroupOptions:
     reclaimed_cap_millicpu: Optional[int] = None  # None: the reclaimed cpus' count
     reclaimed_memory_max: Optional[int] = None
     reclaimed_memory_high: Optional[int] = None  # None: RECLAIMED_HIGH_SHARE of the max
-    online_memory_low: tuple = ()  # ((tree, bytes), ...): memory.low of the online trees (v2)
+    # ((cgroup, bytes), ...): memory.low of the cgroups that hold online processes (v2); every cgroup above
+    # them gets the sum below it (protection_sums)
+    online_memory_low: tuple = ()
     dedicated_partition: str = "root"  # "root", "isolated" or "none" (plain cpusets); see partitions()
 
 
@@ -86,6 +88,19 @@ class CgroupSpec:
     knobs: Dict[str, object] = field(default_factory=dict)
     workload: Optional[str] = None  # the allocation this cgroup belongs to
     external: bool = False  # made and removed by someone else (the kubelet): written only while it exists
+
+
+def protection_sums(leaves) -> Dict[str, int]:
+    """``memory.low`` of each cgroup from that of the cgroups holding online processes: its own, and
+    for every cgroup above one of them the sum below it (the kernel bounds a cgroup's protection by its
+    parent's, shared among the children in proportion to what they claim)."""
+    sums: Dict[str, int] = {}
+    for path, value in leaves:
+        parts = path.split("/")
+        for depth in range(1, len(parts) + 1):
+            above = "/".join(parts[:depth])
+            sums[above] = sums.get(above, 0) + int(value)
+    return sums
 
 
 def harvests(options: CgroupOptions, features: Mapping[str, bool]) -> bool:
@@ -118,7 +133,7 @@ def desired_tree(topo: Topology, state: State, pools: Pools, options: CgroupOpti
         reclaimed_parent["cpu_idle"] = 1
     else:
         reclaimed_parent["cpu_shares"] = 2
-    protection = dict(options.online_memory_low) if features.get("memory") else {}
+    low = protection_sums(options.online_memory_low) if features.get("memory") else {}
     if features.get("memory"):
         # offline work is throttled and reclaims its own pages (page cache first) at memory.high, before
         # its max; on v1, a soft limit of 0 makes it the first the kernel reclaims from under global
@@ -131,12 +146,8 @@ def desired_tree(topo: Topology, state: State, pools: Pools, options: CgroupOpti
             reclaimed_parent["memory_high"] = high
         reclaimed_parent["memory_soft_limit"] = 0
 
-    def protected(tree: str) -> Dict[str, object]:
-        """memory.low of an online tree (and of the top, their sum: a child's protection is bounded by its
-        parent's)"""
-        if tree == base:
-            return {"memory_low": sum(protection.values())} if protection else {}
-        return {"memory_low": protection[tree]} if tree in protection else {}
+    def protected(path: str) -> Dict[str, object]:
+        return {"memory_low": low[path]} if path in low else {}
 
     partition = partitions(options, features)
     # a remote partition's cpus are exclusive all the way down from Tidal's top cgroup: those of the
@@ -146,12 +157,12 @@ def desired_tree(topo: Topology, state: State, pools: Pools, options: CgroupOpti
     exclusive: Dict[str, object] = {"cpus_exclusive": format_cpulist(partitioned)} if partition else {}
     specs = [
         CgroupSpec(base, {"cpus": online, "mems": mems_all, **exclusive, **protected(base)}),
-        CgroupSpec(f"{base}/system", {"cpus": system, "mems": mems_all, **protected("system")}),
+        CgroupSpec(f"{base}/system", {"cpus": system, "mems": mems_all, **protected(f"{base}/system")}),
         # Tidal's own helpers (push commands, lending hooks): beside system, counted as neither online nor
         # offline (agent.helper_process)
         CgroupSpec(f"{base}/{HELPERS}", {"cpus": system, "mems": mems_all}),
-        CgroupSpec(f"{base}/dedicated", {"cpus": dedicated, "mems": mems_all, **exclusive, **protected("dedicated")}),
-        CgroupSpec(f"{base}/shared", {"cpus": shared, "mems": mems_all, **protected("shared")}),
+        CgroupSpec(f"{base}/dedicated", {"cpus": dedicated, "mems": mems_all, **exclusive, **protected(f"{base}/dedicated")}),
+        CgroupSpec(f"{base}/shared", {"cpus": shared, "mems": mems_all, **protected(f"{base}/shared")}),
         CgroupSpec(f"{base}/reclaimed", reclaimed_parent),
     ]
     specs += [CgroupSpec(f"{base}/reclaimed/{tier}", {"cpus": reclaim, "mems": mems_all,
@@ -170,12 +181,26 @@ def desired_tree(topo: Topology, state: State, pools: Pools, options: CgroupOpti
                 # is capped at the node's whole reclaimed capacity, at the lowest priority
                 knobs["cpu_max"] = reclaimed_parent["cpu_max"]
                 knobs.update({"cpu_idle": 1} if cpu_idle else {"cpu_shares": 2})
-            external += [CgroupSpec(path, dict(knobs), alloc.name, external=True) for path in paths or ()]
+            pod_memory: Dict[str, object] = {}
+            if alloc.qos is QoS.RECLAIMED and features.get("memory"):
+                # the pod's own cgroup bounds its containers: the first reclaimed from under global pressure
+                # (v1), throttled at the reclaimed tree's memory.high (v2); its memory.max stays the kubelet's
+                pod_memory = {"memory_soft_limit": 0, **({"memory_high": reclaimed_parent["memory_high"]}
+                                                         if "memory_high" in reclaimed_parent else {})}
+            external += [CgroupSpec(path, {**knobs, **(pod_memory if i == 0 else {}), **protected(path)}, alloc.name,
+                                    external=True) for i, path in enumerate(paths or ())]
             continue
         if given.cpu_shares is not None:
             knobs["cpu_shares"] = given.cpu_shares
         if partition and alloc.qos is QoS.DEDICATED and given.cpus:
             knobs["cpus_exclusive"] = knobs["cpus"]
             knobs["partition"] = partition
-        specs.append(CgroupSpec(workload_path(base, alloc), knobs, alloc.name))
-    return specs + external
+        path = workload_path(base, alloc)
+        specs.append(CgroupSpec(path, {**knobs, **protected(path)}, alloc.name))
+    # the cgroups above protected pods (the kubelet's kubepods and QoS-class cgroups): their memory.low is
+    # the sum below, else the pods' would be bounded by nothing above them; written, like the pods', only
+    # while they exist, and put back as found on revert
+    known = {spec.path for spec in specs + external}
+    above = sorted({path for spec in external for path in low if spec.path.startswith(path + "/")} - known,
+                   key=lambda p: p.count("/"))
+    return specs + [CgroupSpec(path, {"memory_low": low[path]}, external=True) for path in above] + external

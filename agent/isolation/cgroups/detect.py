@@ -70,7 +70,9 @@ def detect(fs: HostFS) -> CgroupMounts:
         controllers = (fs.read(f"{unified}/cgroup.controllers") or "").split()
         if "cpu" in controllers and "cpuset" in controllers:
             features = {"cpu.idle": fs.exists(f"{unified}/cpu.idle") or _child_has(fs, unified, "cpu.idle"),
-                        "memory": "memory" in controllers}
+                        "memory": "memory" in controllers,
+                        # memory.low/min: v2 only
+                        "memory_protection": "memory" in controllers}
             return CgroupMounts(2, {"": unified}, unified, features)
     if "cpuset" in v1 and "cpu" in v1:
         features = {"cpu.idle": fs.exists(f"{v1['cpu']}/cpu.idle"), "memory": "memory" in v1,

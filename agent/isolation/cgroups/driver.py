@@ -101,6 +101,16 @@ class KernelCgroups:
     def where(self, path: str) -> Dict[str, str]:
         return {c or "unified": self._dir(c, path) for c in self.controllers}
 
+    def below(self, path: str) -> "KernelCgroups":
+        """The same hierarchies with ``path``, a cgroup under this driver's parent, as the parent in each
+        (where the parent is each hierarchy's own cgroup of this process, they differ: one path would not
+        do). ``bench memory-isolation`` puts Tidal's tree in its box this way, as at a node's root."""
+        other = KernelCgroups.__new__(KernelCgroups)
+        other.__dict__.update(self.__dict__)
+        other.features = dict(self.features)
+        other.bases = {controller: f"{base}/{path.strip('/')}" for controller, base in self.bases.items()}
+        return other
+
     def root_view(self) -> "KernelCgroups":
         """The same hierarchies seen from their roots: for reading cgroups outside Tidal's tree
         (``--offline-cgroup``), whatever the tree's parent."""

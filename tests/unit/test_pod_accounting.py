@@ -1,0 +1,113 @@
+"""Pods in the kubelet's cgroups (Kubernetes mode): what reclaimed and dedicated pods use is not online
+demand, and online pods' memory is protected where their pages are charged, with the cgroups above them.
+
+Found on the real node tier: a reclaimed pod alone on the node got 0.34-0.57 of the one free cpu,
+because its own use was counted as online and shrank the capacity it ran on, period after period."""
+
+from agent.daemon import Agent, AgentConfig
+from agent.isolation.cgroups.driver import RecordingCgroups
+from agent.qrm.model import KUBERNETES
+from agent.reporter.usage import UsageSample
+from tests.unit.test_capacity_api import TOPO
+
+MIB = 1 << 20
+GIB = 1 << 30
+BATCH = ("kubepods/besteffort/podb", "kubepods/besteffort/podb/c1")
+DB = ("kubepods/poddb", "kubepods/poddb/c1")
+API = ("kubepods/burstable/poda", "kubepods/burstable/poda/c1", "kubepods/burstable/poda/c2")
+
+
+class NodeSampler:
+    """The node's busy millicpu as the test says (the pods' cgroups are not Tidal's trees)."""
+
+    def __init__(self) -> None:
+        self.busy = 0
+
+    def sample(self, now, cgroups):
+        return UsageSample({}, {"tidal/reclaimed": 0, "tidal/dedicated": 0}, self.busy)
+
+    def forget(self, keep):
+        pass
+
+
+def pod_agent(tmp_path, version):
+    features = {"cpu.idle": True, "memory": True, "memory_protection": version == 2}
+    driver = RecordingCgroups(version=version, features=features)
+    config = AgentConfig(socket_path=str(tmp_path / "a.sock"), state_dir=str(tmp_path / "state"), empty_grace=3600,
+                         memory_reserved_bytes=0)
+    agent = Agent(config, echo=lambda line: None, driver=driver, topology=TOPO)
+    agent.start()
+    agent.sampler = NodeSampler()
+    for name, doc, paths in (("default.batch", {"qos": "reclaimed_cores", "millicpu": 100, "tier": "low"}, BATCH),
+                             ("default.db", {"qos": "dedicated_cores", "cpus": 2}, DB),
+                             ("default.api", {"qos": "shared_cores", "millicpu": 500}, API)):
+        agent.admit({"name": name, **doc}, source=KUBERNETES)
+        for path in paths:  # the kubelet made them
+            driver.create(path)
+        agent.admission.place(name, paths)
+    return agent, driver
+
+
+def test_reclaimed_and_dedicated_pods_use_is_not_online_demand(tmp_path):
+    agent, driver = pod_agent(tmp_path, version=1)
+    try:
+        usage = {BATCH[0]: 0, DB[0]: 0}
+        driver.usage.update(usage)
+        agent.tick(now=100.0, epoch=1e9)
+        agent.tick(now=101.0, epoch=1e9 + 1)
+        # one second: the reclaimed pod used 3 cpus, the dedicated pod 2, online work 0.5
+        driver.usage.update({BATCH[0]: 3 * 10 ** 9, DB[0]: 2 * 10 ** 9})
+        agent.sampler.busy = 5500
+        driver.memory.update({BATCH[0]: 2 * GIB, DB[0]: GIB})
+        agent.tick(now=102.0, epoch=1e9 + 2)
+        assert agent.harvest.offline_usage == {BATCH[0]: 3000, DB[0]: 2000}
+        assert agent.harvest.online_millicpu == 500
+        # memory: the reclaimed pod's is offline's; the dedicated pod's is online's (it is online work)
+        view = agent.harvest.memory_view()
+        assert agent.harvest.online_bytes == max(0, view[0] - view[1] - 2 * GIB)
+        assert agent.memory_status()["reclaimed_bytes"] == 2 * GIB
+        # the pod ends: it is no longer read, and what it used no longer counts
+        agent.release("default.batch")
+        agent.tick(now=103.0, epoch=1e9 + 3)
+        assert set(agent.harvest.offline_usage) == {DB[0]}
+    finally:
+        agent.shutdown()
+
+
+def test_online_pods_memory_is_protected_down_to_their_containers_and_up_to_kubepods(tmp_path):
+    agent, driver = pod_agent(tmp_path, version=2)
+    try:
+        driver.memory.update({API[1]: 100 * MIB, API[2]: 10 * MIB, DB[1]: 300 * MIB, BATCH[1]: GIB,
+                              "tidal/system": 5 * MIB})
+        for path in ("kubepods", "kubepods/burstable"):
+            driver.create(path)
+        for path in ("kubepods", "kubepods/burstable", *API):
+            driver.files[path][("", "memory.low")] = "0"  # as the kernel has it
+        agent.tick(now=100.0, epoch=1e9)
+        low = {path: int(driver.read("", path, "memory.low")) for path in
+               (*API, *DB, "kubepods/burstable", "kubepods", "tidal/system", "tidal")}
+        assert low == {API[0]: 192 * MIB, API[1]: 128 * MIB, API[2]: 64 * MIB, DB[0]: 320 * MIB, DB[1]: 320 * MIB,
+                       "kubepods/burstable": 192 * MIB, "kubepods": 512 * MIB, "tidal/system": 64 * MIB,
+                       "tidal": 64 * MIB}
+        assert agent.memory_status()["protected_bytes"] == (128 + 64 + 320 + 64) * MIB  # the cgroups holding online work
+        assert driver.read("", BATCH[1], "memory.low") is None  # offline: never protected
+        assert driver.read("", BATCH[0], "memory.high") == driver.read("", "tidal/reclaimed", "memory.high")
+        # revert puts the kubelet's cgroups back as found
+        agent.shutdown()
+        agent.reconciler.revert()
+        assert [driver.read("", p, "memory.low") for p in ("kubepods", "kubepods/burstable", *API)] == ["0"] * 5
+    finally:
+        agent.shutdown()
+
+
+def test_v1_writes_no_protection_and_the_reclaimed_pod_goes_first_under_pressure(tmp_path):
+    agent, driver = pod_agent(tmp_path, version=1)
+    try:
+        driver.memory.update({API[1]: 100 * MIB})
+        driver.create("kubepods")
+        agent.tick(now=100.0, epoch=1e9)
+        assert not [op for op in driver.ops if op[0] == "write" and op[3] == "memory.low"]
+        assert agent.memory_status()["protected_bytes"] is None
+        assert driver.read("memory", BATCH[0], "memory.soft_limit_in_bytes") == "0"
+    finally:
+        agent.shutdown()
