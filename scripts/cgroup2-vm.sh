@@ -19,7 +19,7 @@
 #   TIDAL_VM_TESTS="tests/..."       what to run (default: every privileged test)
 #   PYTEST_ARGS="-k ..."             passed to pytest inside the VM
 #   TIDAL_VM_COMMAND="..."           a shell command to run inside instead of the tier (the benchmarks:
-#                                    scripts/bench-hierarchies.sh); its output and exit code come back
+#                                    scripts/bench-hierarchies.py); its output and exit code come back
 set -eu
 cd "$(dirname "$0")/.."
 REPO="$(pwd)"

@@ -338,7 +338,9 @@ def run(box_mib: int = 512, online_anon_mib: int = 64, online_file_mib: int = 64
                              memory_evict_below=box_bytes // 32)
         # Tidal's tree in the box, beside the harness (as at a node's root: its memory.low counts against the
         # box's limit; under the harness's cgroup, which has none, it would protect nothing)
-        agent = Agent(config, echo=lambda line: None, topology=topo, driver=driver.below(box))
+        tree = driver.below(box)
+        tree.prepare(config.cgroup_base)  # as the agent does with its own driver: checks, and what the kernel offers
+        agent = Agent(config, echo=lambda line: None, topology=topo, driver=tree)
         agent.start()
         agent.harvest.estimator.deadband_bytes = box_bytes // 16  # 256 MiB on a real node: half this one
         agent.admit({"name": "online", "qos": "shared_cores", "millicpu": 200})

@@ -431,8 +431,9 @@ class Harvest:
             capacity = Capacity(allocatable[0], capacity.memory_bytes, capacity.source, capacity.numa)
         # the kernel's limit is the unrounded estimate: offline schedulers are told whole steps (512 MiB)
         # so that their figure holds still, the kernel need not hide the rest of a step from what runs
-        self.raw_memory = capacity.memory_bytes if capacity.limit_memory_bytes is None else \
-            max(capacity.memory_bytes, capacity.limit_memory_bytes)
+        kernel = capacity.kernel_memory_bytes if capacity.kernel_memory_bytes is not None else \
+            capacity.limit_memory_bytes
+        self.raw_memory = capacity.memory_bytes if kernel is None else max(capacity.memory_bytes, kernel)
         if self.throttle.limit is not None:  # online stalls on memory: offline schedulers are told less too
             capacity = replace(capacity, memory_bytes=min(capacity.memory_bytes,
                                                           self.throttle.limit // MEMORY_STEP * MEMORY_STEP))

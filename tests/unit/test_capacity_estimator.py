@@ -135,3 +135,22 @@ def test_per_node_falls_back_to_a_split_without_per_node_usage():
     est.observe(0, DAY0, 8_000, GIB)
     cap = est.estimate(0, DAY0, ALLOC, (0, 0), numa)
     assert cap.millicpu == 22_000 and dict((n, c) for n, c, m in cap.numa) == {0: 16_000, 1: 5_000}
+
+
+def test_the_kernels_memory_limit_leaves_the_buffer_out_where_online_is_measured():
+    est = CapacityEstimator(window_s=300, buffer=0.2)
+    for t in range(5):
+        est.observe(100.0 + t, DAY0 + t, 1000, 40 * GIB)
+    cap = est.estimate(105.0, DAY0 + 5, ALLOC, (30_000, 60 * GIB))
+    # schedulers are told the capacity less the buffer on online's 40 GiB peak (48 GiB of demand); the kernel
+    # lets offline hold up to what online's peak leaves (its own page cache fills the buffer)
+    assert cap.limit_memory_bytes == ALLOC[1] - 48 * GIB and cap.memory_bytes <= cap.limit_memory_bytes
+    assert cap.kernel_memory_bytes == ALLOC[1] - 40 * GIB
+    # online grows: both come down at once
+    est.observe(106.0, DAY0 + 6, 1000, 100 * GIB)
+    cap = est.estimate(106.0, DAY0 + 6, ALLOC, (30_000, 60 * GIB))
+    assert cap.limit_memory_bytes == ALLOC[1] - 120 * GIB and cap.kernel_memory_bytes == ALLOC[1] - 100 * GIB
+    # no measurement (requests): no buffer known, the kernel's limit is the capacity's
+    fresh = CapacityEstimator(window_s=300, buffer=0.2)
+    cap = fresh.estimate(100.0, DAY0, ALLOC, (30_000, 60 * GIB))
+    assert cap.source == "requests" and cap.kernel_memory_bytes == cap.limit_memory_bytes

@@ -59,12 +59,12 @@ def test_reclaimed_and_dedicated_pods_use_is_not_online_demand(tmp_path):
         driver.usage.update({BATCH[0]: 3 * 10 ** 9, DB[0]: 2 * 10 ** 9})
         agent.sampler.busy = 5500
         driver.memory.update({BATCH[0]: 2 * GIB, DB[0]: GIB})
+        driver.ceiling = (8 * GIB, 3 * GIB)  # the node's memory: 8 GiB, 3 available (a limit above the tree)
         agent.tick(now=102.0, epoch=1e9 + 2)
         assert agent.harvest.offline_usage == {BATCH[0]: 3000, DB[0]: 2000}
         assert agent.harvest.online_millicpu == 500
         # memory: the reclaimed pod's is offline's; the dedicated pod's is online's (it is online work)
-        view = agent.harvest.memory_view()
-        assert agent.harvest.online_bytes == max(0, view[0] - view[1] - 2 * GIB)
+        assert agent.harvest.online_bytes == 8 * GIB - 3 * GIB - 2 * GIB
         assert agent.memory_status()["reclaimed_bytes"] == 2 * GIB
         # the pod ends: it is no longer read, and what it used no longer counts
         agent.release("default.batch")
