@@ -24,9 +24,9 @@ those). Treatments, taking turns (``repeats`` rounds):
   of what online leaves when it is warm (a static limit sized by hand);
 * ``tidal``: Tidal's agent in-process on real cgroups, the service a
   ``shared_cores`` workload, the job ``reclaimed_cores``, Tidal's tree in the
-  box as at a node's root, the agent's loop and fast guard running (capacity from online's measured use, ``memory.max``,
-  ``memory.high`` and online's ``memory.low`` on v2, the soft limit on v1, the
-  pressure throttle, eviction).
+  box as at a node's root, the agent's loop and fast guard running (capacity
+  from online's measured use, ``memory.max``, ``memory.high`` and online's
+  ``memory.low`` on v2, the soft limit on v1, the pressure throttle, eviction).
 
 Reported: online p50/p99 and their ratio to online alone, online major faults,
 OOM kills by side (a ``SIGKILL`` neither the harness nor Tidal sent), Tidal's

@@ -80,7 +80,7 @@ class Harvest:
         self.online_bytes = 0
         self.offline_bytes = 0  # what offline work holds: the reclaimed tree, declared offline cgroups, reclaimed pods
         self.available_bytes: Optional[int] = None  # the node's MemAvailable (live hosts only)
-        self._protection: Dict[str, int] = {}  # online tree -> memory.low (see protect())
+        self._protection: Dict[str, int] = {}  # cgroup holding online processes -> memory.low (see protect())
         self.capacity: Optional[Capacity] = None
         self.generation = 0
         self.updated_at = time.time()
