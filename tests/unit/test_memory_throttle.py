@@ -1,6 +1,8 @@
 """The memory throttle: cut on online memory pressure, grown back slowly; and what the agent makes of it
 (the reclaimed tree's memory.high on v2, its hard limit on v1, the reported capacity)."""
 
+import time
+
 from agent.services.memory_throttle import FLOOR, QUIET_PERIODS, STEP, MemoryThrottle
 from tests.unit.test_capacity_api import make_agent
 
@@ -46,10 +48,14 @@ def test_off_at_zero():
 
 def throttled_agent(tmp_path, version):
     agent = make_agent(tmp_path, memory_pressure_threshold=20.0)
+    agent.estimator.window_s = 300.0  # the shipped window: the throttle's own estimate (now) sees the samples
     agent.driver.version = version
     agent.driver.memory[f"{agent.config.cgroup_base}/reclaimed"] = 6 * GIB
-    agent.tick(now=1.0)
-    agent.tick(now=2.0)
+    # on the clock throttle_now reads: with samples gone stale, the kernel's limit would lose the buffer on
+    # online's measured peak (it is added only where that peak is measured), whatever the throttle does
+    now = time.monotonic()
+    agent.tick(now=now - 1.0)
+    agent.tick(now=now)
     return agent
 
 
