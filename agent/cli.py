@@ -191,6 +191,10 @@ def parse_reserved(value: Optional[str]):
               help="When online tasks wait for a cpu this share of the time (percent, PSI of the online cgroups, "
                    "over 250 ms) while cpus are lent, take every lent cpu back at once and hold lending (30 "
                    "periods, longer each time it recurs) (0: off).")
+@click.option("--io-pressure-threshold", default=20.0, show_default=True, type=click.FloatRange(0, 100),
+              help="When online tasks wait on block io this share of the time (percent, PSI of the online cgroups, "
+                   "over 250 ms), limit offline work's bandwidth on each device it used to half its rate, halving "
+                   "again while it lasts (at least 1 MiB/s), and double it back per quiet period (0: off).")
 @click.option("--online-policy", default="wait", show_default=True, type=click.Choice(["wait", "evict"]),
               help="Lending: wait for online workloads to finish, or evict them when the notice ends.")
 @click.option("--hook", "hooks", multiple=True, metavar="STATE=JSON-ARGV",
@@ -232,7 +236,7 @@ def agent(root: str, socket_path: str, state_dir: str, reserved_cpus, period: fl
           cgroup_parent: str, no_resize: bool, revert: bool, push_command, push_url, push_format: str,
           push_resend: float, yarn_rm, yarn_node_id, yarn_node_host, offline_cgroups, eviction_grace: float,
           memory_evict_below, memory_pressure_threshold: float, cpu_pressure_threshold: float,
-          online_policy: str, hooks, guard_interval: float,
+          io_pressure_threshold: float, online_policy: str, hooks, guard_interval: float,
           no_confine_self: bool, record_cgroups: bool,
           dedicated_partition: str,
           online_nic, offline_nic, offline_gateway, net_netns, no_ingress_shaping: bool, kube_node, kubeconfig,
@@ -256,7 +260,8 @@ def agent(root: str, socket_path: str, state_dir: str, reserved_cpus, period: fl
                          eviction_grace=eviction_grace,
                          memory_evict_below=parse_size("--memory-evict-below", memory_evict_below),
                          memory_pressure_threshold=memory_pressure_threshold,
-                         cpu_pressure_threshold=cpu_pressure_threshold, online_policy=online_policy,
+                         cpu_pressure_threshold=cpu_pressure_threshold,
+                         io_pressure_threshold=io_pressure_threshold, online_policy=online_policy,
                          hooks=parse_hooks(hooks),
                          guard_interval=guard_interval, socket_group=group_id(socket_group),
                          tcp_token=tcp_token(tcp_port, tcp_token_file),
@@ -534,7 +539,20 @@ def status(socket_path: str, as_json: bool) -> None:
                     f"online cpu pressure {pct(cpu['online_cpu_percent'])} ({cpu['scope']}; takes lent cpus back at "
                     f"{cpu['threshold_percent']:g}%; {cpu['shrinks']} times so far"
                     + (f"; lending held {cpu['lending_held_periods']} more periods" if cpu["lending_held_periods"]
-                       else "") + f"); io {pct(cpu['online_io_percent'])}"))
+                       else "") + ")"))
+    io = data.get("io_pressure")
+    if io:
+        pct = lambda v: "-" if v is None else f"{v:.1f}%"  # noqa: E731
+        acts = (f"limits offline io at {io['threshold_percent']:g}%; {io['throttles']} times so far"
+                if io["supported"] and io["threshold_percent"] > 0 else
+                "shown only: " + ("off" if io["supported"] else "no io controller"))
+        click.echo("online io pressure - (no PSI)" if io["scope"] is None else
+                   f"online io pressure {pct(io['online_io_percent'])} ({io['scope']}; {acts})")
+        if io["limits"]:
+            from agent.services.io_guard import describe
+
+            click.echo("offline io LIMITED: " + describe({d: (v["read_bps"], v["write_bps"])
+                                                          for d, v in io["limits"].items()}))
     causes = {k: v for k, v in (data.get("evictions_by_cause") or {}).items() if v}
     if causes:
         click.echo("evictions " + ", ".join(f"{cause} {count}" for cause, count in causes.items()))

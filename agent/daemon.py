@@ -95,6 +95,7 @@ class AgentConfig:
     memory_evict_below: Optional[int] = None  # evict reclaimed work under this MemAvailable (None: 2%, 256 MiB-2 GiB)
     memory_pressure_threshold: float = 20.0  # percent of online's memory stall time that evicts reclaimed work (0: off)
     cpu_pressure_threshold: float = 20.0  # percent of online's cpu wait time that takes lent cpus back (0: off)
+    io_pressure_threshold: float = 20.0  # percent of online's io wait time that limits offline's block io (0: off)
     online_policy: str = "wait"  # lending: "wait" for online workloads to finish, or "evict" them at the notice end
     hooks: Dict[str, List[str]] = field(default_factory=dict)  # node state -> argv run on entering it
     memory_reserved_bytes: Optional[int] = None  # kept from offline agents (default: 5% of memory, at least 1 GiB)
@@ -130,7 +131,7 @@ class Agent:
         self.lending = NodeLending(os.path.join(config.state_dir, "node.json"), config.hooks)
         self.counters: Dict[str, int] = {"drift_repairs": 0, "reconciles": 0, "reconcile_failures": 0,
                                          "released_empty": 0, "fast_shrinks": 0, "pressure_throttles": 0,
-                                         "cpu_pressure_shrinks": 0}
+                                         "cpu_pressure_shrinks": 0, "io_pressure_throttles": 0}
         self.helper_join = HelperJoin()  # moves push commands and hooks into <base>/helpers once it exists
         self.lending.helper_join = self.helper_join
         self.pusher = self._pusher(config)
@@ -266,6 +267,10 @@ class Agent:
         self.admission.track_all()
         report = self.reconcile()
         owner.store.save(owner.state, owner.topology)
+        if not cfg.record_cgroups:
+            lifted = self.harvest.lift_stale_io_limits()
+            if lifted:
+                self.echo(f"tidal agent: lifted {len(lifted)} io limits an earlier agent left ({', '.join(lifted)})")
         if not cfg.record_cgroups:  # helpers (push commands, hooks) run in <base>/helpers from now on
             self.helper_join.join = lambda pid: self.driver.move(f"{cfg.cgroup_base}/{HELPERS}", pid)
         if cfg.net is not None:
@@ -416,6 +421,7 @@ class Agent:
                 "recent_evictions": self.evictions[-20:],
                 "memory": self.memory_status(),
                 "cpu_pressure": self.cpu_pressure_status(),
+                "io_pressure": self.io_pressure_status(),
                 "node_state": self.lending.current.state,
                 "online_millicpu": self.harvest.online_millicpu,
                 "offline_cgroups": [{"path": p, "millicpu": self.harvest.offline_usage.get(p)}
@@ -432,6 +438,12 @@ class Agent:
         return {"online_cpu_percent": cpu.percent, "online_cpu_avg10": cpu.avg10, "scope": cpu.scope,
                 "threshold_percent": loop.threshold, "shrinks": self.counters.get("cpu_pressure_shrinks", 0),
                 "lending_held_periods": loop.holding, "online_io_percent": io.percent}
+
+    def io_pressure_status(self) -> Dict[str, Any]:
+        """Online's io wait share (PSI) and the limits it put on offline's block io (status, metrics)."""
+        io = self.harvest.io_pressure
+        return {"online_io_percent": io.percent, "scope": io.scope, "supported": bool(self.driver.features.get("io")),
+                "throttles": self.counters.get("io_pressure_throttles", 0), **self.harvest.io_guard.status()}
 
     def memory_status(self) -> Dict[str, Any]:
         """The node's memory as the eviction causes see it (status, metrics)."""
@@ -580,6 +592,8 @@ class Agent:
             except Exception as exc:  # noqa: BLE001
                 self.echo(f"tidal agent: warning: removing network shaping: {exc}")
             self.net = None
+        if self.enforcement is not None and not self.config.record_cgroups:
+            self.harvest.io_guard.lift_all()  # Tidal starts unthrottled: its io limits go with it
         if self.config.revert_on_exit and self.enforcement is not None:
             with self.lock:
                 report = self.enforcement.revert()

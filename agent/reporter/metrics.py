@@ -86,13 +86,26 @@ class AgentCollector(Collector):
             yield from gauges(cpu, (
                 ("tidal_online_cpu_pressure_percent", "online_cpu_percent",
                  "share of the last period some online task waited for a cpu (PSI), worst online cgroup"),
-                ("tidal_online_io_pressure_percent", "online_io_percent",
-                 "share of the last period some online task waited for block io (PSI), worst online cgroup"),
                 ("tidal_lending_held_periods", "lending_held_periods",
                  "periods before lending may grow again after online's cpu pressure took lent cpus back")))
             c = CounterMetricFamily("tidal_cpu_pressure_shrinks", "lent cpus taken back on online cpu pressure")
             c.add_metric([], cpu["shrinks"])
             yield c
+            io = agent.io_pressure_status()
+            yield from gauges(io, (("tidal_online_io_pressure_percent", "online_io_percent",
+                                    "share of the last period some online task waited for block io (PSI), worst "
+                                    "online cgroup"),))
+            c = CounterMetricFamily("tidal_io_pressure_throttles", "cuts of offline block io on online io pressure")
+            c.add_metric([], io["throttles"])
+            yield c
+            g = GaugeMetricFamily("tidal_offline_io_limit_bytes_per_second",
+                                  "bandwidth limit on offline block io while online waits on io (absent: none)",
+                                  labels=["device", "direction"])
+            for device, pair in io["limits"].items():
+                for direction in ("read", "write"):
+                    if pair[f"{direction}_bps"] is not None:
+                        g.add_metric([device, direction], pair[f"{direction}_bps"])
+            yield g
             c = CounterMetricFamily("tidal_pressure_throttles", "cuts of offline memory on online memory pressure")
             c.add_metric([], memory["pressure_throttles"])
             yield c

@@ -12,8 +12,9 @@ resize the reclaim pool (``ReclaimSizer``); estimate the reclaimed capacity
 publish it (generation, long-pollers, the push to offline agents) when it
 changes. Between periods the fast guard watches online's own cgroups and
 takes every lent cpu back at once when online saturates its pool or waits
-for cpus (``services.cpu_pressure``), and cuts offline work's memory at once
-when online stalls on memory (``services.memory_throttle``).
+for cpus (``services.cpu_pressure``), cuts offline work's memory at once
+when online stalls on memory (``services.memory_throttle``), and limits its
+block io when online waits on io (``services.io_guard``).
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ from agent.isolation.cgroups.driver import procs_in_tree
 from agent.qrm.model import LOCAL, QoS
 from agent.services.enforcement import Enforcement
 from agent.services.cpu_pressure import WINDOW_S, CpuPressureLoop
+from agent.services.io_guard import IoGuard
+from agent.services import io_throttle
 from agent.services.memory_throttle import MemoryThrottle
 from agent.services.owner import StateOwner
 
@@ -56,9 +59,9 @@ def _percpu(text: Optional[str]) -> Optional[List[int]]:
 
 
 def online_wait(meter: PressureMeter) -> Optional[float]:
-    """Online's cpu wait share from the online cgroups' own pressure files, else None: the node-wide
-    figure counts offline work's own waiting (reclaimed tasks queue for idle cycles by design), and a
-    loop on it would take lent cpus back whenever offline is busy."""
+    """Online's cpu (or io) wait share from the online cgroups' own pressure files, else None: the
+    node-wide figure counts offline work's own waiting (reclaimed tasks queue for idle cycles by design,
+    and wait on their own io), and a loop on it would act whenever offline is busy."""
     return meter.percent if meter.scope == "cgroups" else None
 
 
@@ -116,10 +119,14 @@ class Harvest:
         self.memory_pressure = PressureMeter(self.driver.pressure, self.online_cgroups, "memory")
         self.throttle = MemoryThrottle(getattr(config, "memory_pressure_threshold", 0.0))
         # online's cpu stall share: the fast guard takes lent cpus back on it, the period holds lending
-        # (services.cpu_pressure); io's is read for the record (Tidal does not shape block io)
+        # (services.cpu_pressure)
         self.cpu_pressure = PressureMeter(self.driver.pressure, self.online_cgroups, "cpu")
         self.cpu_loop = CpuPressureLoop(getattr(config, "cpu_pressure_threshold", 0.0))
+        # online's io stall share: the fast guard limits offline's block io on it, the period lifts the
+        # limits slowly (services.io_guard); where the kernel has no io/blkio controller it is shown only
         self.io_pressure = PressureMeter(self.driver.pressure, self.online_cgroups, "io")
+        self.io_guard = IoGuard(self.driver, self.io_cgroups, getattr(config, "io_pressure_threshold", 0.0),
+                                stopping=self._stopping)
         self.raw_memory: Optional[int] = None  # the reclaimed memory capacity before the throttle
         self._online_key: Optional[tuple] = None  # (state, placements, paths) of online_cgroups()
         self._pods_key: Optional[tuple] = None  # (state, placements, pods) of offline_pods()
@@ -157,10 +164,19 @@ class Harvest:
         self._pods_key = (state, dict(placements), pods)
         return pods
 
+    def io_cgroups(self) -> List[str]:
+        """Where offline work's block io is counted and limited: the reclaimed tree and reclaimed pods."""
+        pods = [p for p, reclaimed in self.offline_pods().items() if reclaimed and self.driver.present(p)]
+        return [f"{self.enforcement.base}/reclaimed", *pods]
+
     def start(self) -> Optional[str]:
         """Ready to sample; a warning line when the usage history was unusable."""
         self.sampler = UsageSampler(self._cpu_usage_ns, cpu_ids=self.owner.topology.online_cpus())
         return self.estimator.history.load()
+
+    def lift_stale_io_limits(self) -> List[str]:
+        """io limits an earlier agent left on offline cgroups (Tidal starts unthrottled)."""
+        return self.io_guard.lift_stale()
 
     def _cpu_usage_ns(self, path: str) -> Optional[int]:
         reader = self._aggregate_readers.get(path)
@@ -448,6 +464,7 @@ class Harvest:
         return state.with_reclaim_capacity(capacity.millicpu)
 
     def refresh(self, now: float, epoch: float) -> None:
+        self.io_guard.on_period(online_wait(self.io_pressure))
         if self.throttle.on_period(self.memory_pressure.percent, self._unthrottled()):
             log.info("online memory pressure is down: offline memory %s", "no longer throttled"
                      if self.throttle.limit is None else f"throttled at {self.throttle.limit // MIB} MiB")
@@ -525,7 +542,9 @@ class Harvest:
         files = PressureFiles(getattr(self.driver, "membership_dir", lambda path: None))
         pressure = PressureMeter(files.read, self.online_cgroups, "memory")
         cpu_pressure = PressureMeter(files.read, self.online_cgroups, "cpu")
+        io_pressure = PressureMeter(files.read, self.online_cgroups, "io")
         cpu_every = max(1, round(WINDOW_S / self.config.guard_interval))  # intervals per cpu pressure sample
+        io_every = max(1, round(io_throttle.WINDOW_S / self.config.guard_interval))
         history: List[tuple] = []
         count = 0
         while not stop.is_set():
@@ -543,6 +562,11 @@ class Harvest:
                 waiting = online_wait(cpu_pressure)
                 if waiting is not None and waiting >= self.cpu_loop.threshold:
                     self.cpu_pressure_now(waiting)
+            if self.io_guard.active and count % io_every == 0:
+                io_pressure.sample(now)
+                # online's own figure only: the node-wide one counts offline's waits on its own io
+                if self.io_guard.on_window(online_wait(io_pressure), now):
+                    self.counters["io_pressure_throttles"] = self.counters.get("io_pressure_throttles", 0) + 1
             total = sum(read() or 0 for read in readers)
             history.append((now, total))
             del history[:-2]

@@ -218,8 +218,9 @@ def test_v2_on_a_fake_unified_tree_writes_exact_files(tmp_path):
     assert read("tidal/reclaimed/memory.max") == "max" and read("tidal/reclaimed/memory.high") == "1073741824"
     assert read("tidal/reclaimed/min/batch/cpu.weight") == str(shares_to_weight(2048))
     assert read("tidal/reclaimed/min/cpu.weight") == str(shares_to_weight(256))
-    # a plain file keeps only the last of the "+cpuset", "+cpu", "+memory" writes a kernel would accumulate
-    assert read("cgroup.subtree_control") == "+memory"
+    # a plain file keeps only the last of the "+cpuset", "+cpu", "+memory", "+io" writes a kernel would
+    # accumulate (io: the io throttle's io.max, where the kernel offers the controller)
+    assert read("cgroup.subtree_control") == "+io"
 
 
 def test_recover_state_from_the_tree():

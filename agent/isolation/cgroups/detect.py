@@ -72,7 +72,8 @@ def detect(fs: HostFS) -> CgroupMounts:
             features = {"cpu.idle": fs.exists(f"{unified}/cpu.idle") or _child_has(fs, unified, "cpu.idle"),
                         "memory": "memory" in controllers,
                         # memory.low/min: v2 only
-                        "memory_protection": "memory" in controllers}
+                        "memory_protection": "memory" in controllers,
+                        "io": "io" in controllers}
             return CgroupMounts(2, {"": unified}, unified, features)
     if "cpuset" in v1 and "cpu" in v1:
         features = {"cpu.idle": fs.exists(f"{v1['cpu']}/cpu.idle"), "memory": "memory" in v1,

@@ -150,7 +150,7 @@ class KernelCgroups:
         self.create(base)
         directory = self._dir("", base)
         for feature, file in (("cpu.idle", "cpu.idle"), ("memory", "memory.max"), ("psi", "cpu.pressure"),
-                              ("partition", "cpuset.cpus.exclusive")):
+                              ("partition", "cpuset.cpus.exclusive"), ("io", "io.max")):
             self.features[feature] = os.path.exists(os.path.join(directory, file))
 
     def _settle(self, base: str) -> List[int]:
@@ -292,7 +292,8 @@ class KernelCgroups:
         return parse_pressure(text)
 
     def _enable_controllers(self, path: str) -> List[str]:
-        """v2: a child gets cpu/cpuset/memory files only if its parent delegates them."""
+        """v2: a child gets cpu/cpuset/memory/io files only if its parent delegates them (io where the
+        kernel offers it: the io throttle's ``io.max``, and ``io.stat``)."""
         enabled_now = []
         parts = [p for p in path.split("/") if p]
         for depth in range(len(parts)):
@@ -308,7 +309,7 @@ class KernelCgroups:
                     available = set(handle.read().split())
             except OSError:
                 available = {"cpu", "cpuset", "memory"}
-            for controller in ("cpuset", "cpu", "memory"):
+            for controller in ("cpuset", "cpu", "memory", "io"):
                 if controller in available and controller not in enabled:
                     try:
                         with open(control, "w") as handle:

@@ -1,0 +1,119 @@
+"""The io throttle (cut on online io pressure, grown back slowly) and cgroup v2's block io files."""
+
+import pytest
+
+from agent.isolation.cgroups.blockio import parse_io_max, parse_io_stat, read_io_bytes, read_io_limits, write_io_limit
+from agent.isolation.cgroups.driver import RecordingCgroups
+from agent.services.io_throttle import CEILING, FLOOR, QUIET_PERIODS, IoThrottle
+
+MIB = 1 << 20
+
+
+def test_a_pressure_window_limits_each_device_and_direction_offline_used():
+    throttle = IoThrottle(20.0)
+    rates = {"8:0": (200 * MIB, 0.0), "8:16": (0.0, 40 * MIB)}
+    assert not throttle.on_pressure(19.9, rates) and not throttle.limits  # under the threshold
+    assert not throttle.on_pressure(None, rates)  # no PSI figure
+    assert not throttle.on_pressure(90.0, {})  # offline moved nothing: online waits on its own io
+    assert throttle.on_pressure(20.0, rates)
+    assert throttle.limits == {"8:0": (100 * MIB, None), "8:16": (None, 20 * MIB)}
+    assert throttle.cuts == 1 and throttle.last_trigger == 20.0
+    # the next window runs at the limit and online still waits: halved again
+    assert throttle.on_pressure(30.0, {"8:0": (100 * MIB, 0.0)})
+    assert throttle.limits["8:0"] == (50 * MIB, None) and throttle.limits["8:16"] == (None, 20 * MIB)
+    # a window in which offline ran above nothing it was limited on does not raise a limit
+    assert not throttle.on_pressure(30.0, {"8:0": (150 * MIB, 0.0)})
+    assert throttle.limits["8:0"] == (50 * MIB, None)
+
+
+def test_limits_never_fall_under_the_floor_and_are_page_multiples():
+    throttle = IoThrottle(10.0)
+    throttle.on_pressure(50.0, {"8:0": (1.5 * MIB, 3 * MIB + 123)})
+    read_, write = throttle.limits["8:0"]
+    assert read_ == FLOOR and write % 4096 == 0 and FLOOR <= write < 3 * MIB
+    assert not throttle.on_pressure(50.0, {"8:0": (FLOOR, 0.0)})  # reads at the floor: nothing lower
+
+
+def test_limits_grow_back_after_quiet_periods_and_are_lifted_at_the_ceiling():
+    throttle = IoThrottle(20.0)
+    throttle.on_pressure(40.0, {"8:0": (8 * MIB, 4 * MIB)})
+    before = dict(throttle.limits)
+    for _ in range(QUIET_PERIODS - 1):
+        assert not throttle.on_period(5.0)
+    assert not throttle.on_period(10.0)  # half the threshold is not quiet: the count starts over
+    assert throttle.limits == before
+    for _ in range(QUIET_PERIODS - 1):
+        assert not throttle.on_period(None)
+    assert throttle.on_period(0.0)
+    assert throttle.limits == {"8:0": (8 * MIB, 4 * MIB)}
+    periods = 0
+    while throttle.limits:
+        assert throttle.on_period(0.0)
+        periods += 1
+        assert all(v is None or v < CEILING for pair in throttle.limits.values() for v in pair)
+    assert periods == 8  # 8 MiB/s doubles to the 1 GiB/s ceiling in 7 periods; 4 MiB/s in 8
+    assert throttle.lifted(before) == {"8:0": (None, None)}
+    assert not throttle.on_period(0.0)  # nothing left to grow
+
+
+def test_off_at_zero():
+    throttle = IoThrottle(0.0)
+    assert not throttle.on_pressure(100.0, {"8:0": (MIB, MIB)}) and not throttle.limits
+
+
+def test_the_kernel_files_parse():
+    assert parse_io_stat("254:0 rbytes=4096 wbytes=8192 rios=1 wios=2 dbytes=0 dios=0\n"
+                         "7:0 rbytes=10 wbytes=0 rios=1 wios=0 dbytes=0 dios=0\n") == \
+        {"254:0": (4096, 8192), "7:0": (10, 0)}
+    assert parse_io_stat("") == {} and parse_io_stat(None) is None
+    assert parse_io_stat("254:0 rbytes=x\n") == {}
+    assert parse_io_max("254:0 rbps=1048576 wbps=max riops=max wiops=max\n7:0 rbps=max wbps=max riops=10 wiops=max\n") \
+        == {"254:0": (MIB, None)}  # an iops limit is not Tidal's, and not a bandwidth limit
+    assert parse_io_max("garbage\n") == {} and parse_io_max("8:0 rbps=x\n") == {}
+
+
+def test_limits_are_written_one_device_per_write_and_read_back():
+    driver = RecordingCgroups(version=2)
+    driver.create("t/reclaimed")
+    write_io_limit(driver, "t/reclaimed", "254:0", (2 * MIB, None))
+    assert [op[2:] for op in driver.ops if op[0] == "write"] == [("", "io.max", "254:0 rbps=2097152 wbps=max")]
+    assert read_io_limits(driver, "t/reclaimed") == {"254:0": (2 * MIB, None)}
+    with pytest.raises(ValueError):
+        write_io_limit(driver, "t/reclaimed", "sda", (MIB, MIB))
+    driver.files["t/reclaimed"][("", "io.stat")] = "254:0 rbytes=5 wbytes=6 rios=1 wios=1\n"
+    assert read_io_bytes(driver, "t/reclaimed") == {"254:0": (5, 6)}
+
+
+def test_v1_has_no_io_limits_here():
+    driver = RecordingCgroups(version=1)
+    driver.create("t/reclaimed")
+    assert read_io_bytes(driver, "t/reclaimed") is None and read_io_limits(driver, "t/reclaimed") == {}
+    with pytest.raises(ValueError):
+        write_io_limit(driver, "t/reclaimed", "8:0", (MIB, None))
+
+
+def test_the_guard_measures_offline_io_writes_its_limits_and_lifts_them():
+    from agent.services.io_guard import IoGuard
+
+    driver = RecordingCgroups(version=2, features={"cpu.idle": True, "memory": True, "io": True})
+    for path in ("t/reclaimed", "kubepods/pod1"):
+        driver.create(path)
+    paths = ["t/reclaimed", "kubepods/pod1"]
+    guard = IoGuard(driver, lambda: list(paths), 20.0)
+    stat = lambda r: f"254:0 rbytes={r} wbytes=0 rios=1 wios=0\n"  # noqa: E731
+    driver.files["t/reclaimed"][("", "io.stat")] = stat(0)
+    driver.files["kubepods/pod1"][("", "io.stat")] = stat(0)
+    assert not guard.on_window(50.0, 10.0)  # the first window: no rate yet
+    driver.files["t/reclaimed"][("", "io.stat")] = stat(30 * MIB)
+    driver.files["kubepods/pod1"][("", "io.stat")] = stat(10 * MIB)
+    assert guard.on_window(50.0, 10.5)  # 80 MiB/s from both: limited to half, on each
+    assert guard.rates == {"254:0": (80 * MIB, 0.0)}
+    for path in paths:
+        assert read_io_limits(driver, path) == {"254:0": (40 * MIB, None)}
+    paths.remove("kubepods/pod1")  # the pod ended: forgotten, the tree's limit stays
+    guard.lift_all()
+    assert read_io_limits(driver, "t/reclaimed") == {} and guard.status()["limits"] == {}
+    driver.files["t/reclaimed"][("", "io.max")] = "254:0 rbps=1048576 wbps=max\n"  # left by an earlier agent
+    assert guard.lift_stale() == ["t/reclaimed 254:0"] and read_io_limits(driver, "t/reclaimed") == {}
+    off = IoGuard(RecordingCgroups(version=1), lambda: ["t/reclaimed"], 20.0)  # v1: shown only
+    assert not off.active and off.lift_stale() == []
