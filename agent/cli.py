@@ -540,6 +540,10 @@ def status(socket_path: str, as_json: bool) -> None:
                     f"{cpu['threshold_percent']:g}%; {cpu['shrinks']} times so far"
                     + (f"; lending held {cpu['lending_held_periods']} more periods" if cpu["lending_held_periods"]
                        else "") + ")"))
+    kernel = data.get("kernel_work")
+    if kernel and kernel["confined"]:
+        click.echo("reclaimed work kept off online's idle cpus (it runs in the kernel): " + ", ".join(
+            f"{name} ({kernel['kernel_millicpu'].get(name, '-')} millicpu in the kernel)" for name in kernel["confined"]))
     io = data.get("io_pressure")
     if io:
         pct = lambda v: "-" if v is None else f"{v:.1f}%"  # noqa: E731

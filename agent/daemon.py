@@ -298,7 +298,8 @@ class Agent:
         cfg, owner = self.config, self.owner
         self.enforcement = Enforcement(owner, self.driver, cfg.cgroup_base, cfg.cgroup_options, cfg.state_dir,
                                        cfg.drift_check_period, self.counters, limits=lambda: self.harvest.limits(),
-                                       protection=lambda: self.harvest.protection())
+                                       protection=lambda: self.harvest.protection(),
+                                       confined=lambda: self.harvest.confined())
         self.harvest = Harvest(owner, self.enforcement, self.lending, cfg, self.counters,
                                os.path.join(cfg.state_dir, "history.json"))
         if self.pusher is not None:
@@ -422,6 +423,11 @@ class Agent:
                 "memory": self.memory_status(),
                 "cpu_pressure": self.cpu_pressure_status(),
                 "io_pressure": self.io_pressure_status(),
+                # reclaimed workloads kept off online's idle cpus: they run in the kernel (services.kernel_work)
+                "kernel_work": {"confined": sorted(self.harvest.kernel_work.names()),
+                                "probation": sorted(self.harvest.confined() - self.harvest.kernel_work.names()),
+                                "kernel_millicpu": dict(self.harvest.kernel_work.kernel_millicpu),
+                                "confinements": self.harvest.kernel_work.confinements},
                 "node_state": self.lending.current.state,
                 "online_millicpu": self.harvest.online_millicpu,
                 "offline_cgroups": [{"path": p, "millicpu": self.harvest.offline_usage.get(p)}

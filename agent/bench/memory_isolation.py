@@ -413,6 +413,7 @@ def run(box_mib: int = 512, online_anon_mib: int = 64, online_file_mib: int = 64
                 agent = info["agent"]
                 result["evictions"] = [{"cause": e["cause"], "reason": e["reason"]} for e in agent.evictions]
                 result["throttles"] = agent.harvest.counters.get("pressure_throttles", 0)
+                result["kernel_confinements"] = agent.harvest.kernel_work.confinements
                 result["limits"] = list(agent.harvest.limits()[1:])
                 result["protection"] = dict(agent.harvest.protection())
                 result["seen"] = {"node_bytes": agent.harvest.memory_total(), "online_bytes": agent.harvest.online_bytes,
@@ -460,7 +461,7 @@ def run(box_mib: int = 512, online_anon_mib: int = 64, online_file_mib: int = 64
             out["offline_mib"] = round(used / MIB, 1)
             out["left_by_online_mib"] = round(left_ / MIB, 1)
             out["offline_harvest"] = round(used / left_, 3) if left_ else None
-        for key in ("evictions", "throttles", "limits", "protection", "seen"):
+        for key in ("evictions", "throttles", "kernel_confinements", "limits", "protection", "seen"):
             if key in rows[-1]:
                 out[key] = [r[key] for r in rows] if key != "evictions" else [e for r in rows for e in r[key]]
         return out

@@ -91,6 +91,14 @@ class AgentCollector(Collector):
             c = CounterMetricFamily("tidal_cpu_pressure_shrinks", "lent cpus taken back on online cpu pressure")
             c.add_metric([], cpu["shrinks"])
             yield c
+            g = GaugeMetricFamily("tidal_reclaimed_confined_workloads",
+                                  "reclaimed workloads kept off online's idle cpus because they run in the kernel")
+            g.add_metric([], len(agent.harvest.kernel_work.confined))
+            yield g
+            c = CounterMetricFamily("tidal_reclaimed_confinements", "reclaimed workloads kept off online's idle "
+                                    "cpus because they ran in the kernel")
+            c.add_metric([], agent.harvest.kernel_work.confinements)
+            yield c
             io = agent.io_pressure_status()
             yield from gauges(io, (("tidal_online_io_pressure_percent", "online_io_percent",
                                     "share of the last period some online task waited for block io (PSI), worst "

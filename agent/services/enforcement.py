@@ -31,16 +31,19 @@ class Enforcement:
     def __init__(self, owner: StateOwner, driver: CgroupDriver, base: str, options: CgroupOptions, state_dir: str,
                  drift_check_period: float, counters: Dict[str, int],
                  limits: Callable[[], Tuple[Optional[int], Optional[int], Optional[int]]],
-                 protection: Callable[[], Tuple[Tuple[str, int], ...]] = tuple) -> None:
+                 protection: Callable[[], Tuple[Tuple[str, int], ...]] = tuple,
+                 confined: Callable[[], frozenset] = frozenset) -> None:
         """``limits()``: the reclaimed parent's (cpu cap millicpu, memory max bytes, memory high bytes or
         ``None`` for the default) now;
-        ``protection()``: the online trees' ``memory.low`` now, ``((tree, bytes), ...)``."""
+        ``protection()``: the online trees' ``memory.low`` now, ``((tree, bytes), ...)``;
+        ``confined()``: the reclaimed workloads kept off online's idle cpus now (``services.kernel_work``)."""
         self.owner = owner
         self.driver = driver
         self.base = base
         self.options = options
         self.drift_check_period = drift_check_period
         self.protection = protection
+        self.confined = confined
         self.counters = counters
         self.limits = limits
         self.reconciler = Reconciler(driver, base)
@@ -89,7 +92,7 @@ class Enforcement:
             cap, memory, high = self.limits()
             options = replace(self.options, base=self.base, reclaimed_cap_millicpu=cap, reclaimed_memory_max=memory,
                               reclaimed_memory_high=self.options.reclaimed_memory_high if high is None else high,
-                              online_memory_low=self.protection())
+                              online_memory_low=self.protection(), confined=self.confined())
             # the state object itself, compared by identity (an id() could be reused once freed); with
             # placements the Reconciler looks every pass (a pod's cgroups appear when the kubelet makes them)
             last = self._reconciled_key

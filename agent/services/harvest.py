@@ -34,11 +34,12 @@ from agent.reporter.pressure import PressureFiles, PressureMeter
 from agent.reporter.task_cpus import TaskCpuAttribution, scale_to
 from agent.reporter.usage import UsageSampler
 from agent.isolation.cgroups.desired import HELPERS, RECLAIMED_HIGH_SHARE
-from agent.isolation.cgroups.driver import procs_in_tree
+from agent.isolation.cgroups.driver import cpu_times_ns, procs_in_tree
 from agent.qrm.model import LOCAL, QoS
 from agent.services.enforcement import Enforcement
 from agent.services.cpu_pressure import WINDOW_S, CpuPressureLoop
 from agent.services.io_guard import IoGuard
+from agent.services.kernel_work import KernelWork
 from agent.services import io_throttle
 from agent.services.memory_throttle import MemoryThrottle
 from agent.services.owner import StateOwner
@@ -125,6 +126,8 @@ class Harvest:
         # online's io stall share: the fast guard limits offline's block io on it, the period lifts the
         # limits slowly (services.io_guard); where the kernel has no io/blkio controller it is shown only
         self.io_pressure = PressureMeter(self.driver.pressure, self.online_cgroups, "io")
+        # reclaimed workloads that run in the kernel: off online's idle cpus (services.kernel_work)
+        self.kernel_work = KernelWork()
         self.io_guard = IoGuard(self.driver, self.io_cgroups, getattr(config, "io_pressure_threshold", 0.0),
                                 stopping=self._stopping)
         self.raw_memory: Optional[int] = None  # the reclaimed memory capacity before the throttle
@@ -465,12 +468,39 @@ class Harvest:
 
     def refresh(self, now: float, epoch: float) -> None:
         self.io_guard.on_period(online_wait(self.io_pressure))
+        self.observe_kernel_work(now)
         if self.throttle.on_period(self.memory_pressure.percent, self._unthrottled()):
             log.info("online memory pressure is down: offline memory %s", "no longer throttled"
                      if self.throttle.limit is None else f"throttled at {self.throttle.limit // MIB} MiB")
         state = self.with_capacity(self.owner.state, now, epoch)
         if state != self.owner.state:
             self.owner.commit(state)
+
+    def observe_kernel_work(self, now: float) -> None:
+        """The reclaimed workloads' kernel time this period: confine those that run in the kernel (the
+        next reconcile writes their cpusets)."""
+        state = self.owner.state
+        if state is None or not self.enforcement.harvest:
+            return  # no idle harvesting: reclaimed work is off online's cpus already
+        times = {}
+        for alloc in state.allocations:
+            if alloc.qos is QoS.RECLAIMED:
+                paths = self.enforcement.cgroups_of(alloc)
+                times[alloc.name] = cpu_times_ns(self.driver, paths[0]) if paths else None
+        before = self.kernel_work.names()
+        if self.kernel_work.observe(now, times):
+            now_confined = self.kernel_work.names()
+            for name in sorted(now_confined - before):
+                log.info("reclaimed workload %s runs in the kernel (%d millicpu): kept off online's idle cpus",
+                         name, self.kernel_work.kernel_millicpu.get(name, 0))
+            for name in sorted(before - now_confined):
+                log.info("reclaimed workload %s no longer runs in the kernel: harvests online's idle cpus again", name)
+
+    def confined(self) -> frozenset:
+        """The reclaimed workloads kept off online's idle cpus now (services.kernel_work)."""
+        state = self.owner.state
+        return self.kernel_work.confined_of(a.name for a in state.allocations if a.qos is QoS.RECLAIMED) \
+            if state is not None else frozenset()
 
     def publish(self, capacity: Capacity, epoch: float) -> None:
         """Make ``capacity`` current; a new generation (long-pollers woken, offline agents pushed)

@@ -59,6 +59,9 @@ class CgroupOptions:
     # ((cgroup, bytes), ...): memory.low of the cgroups that hold online processes (v2); every cgroup above
     # them gets the sum below it (protection_sums)
     online_memory_low: tuple = ()
+    # reclaimed workloads kept off the shared and reserved pools' idle time (services.kernel_work): they
+    # run in the kernel, where idle priority does not preempt them
+    confined: frozenset = frozenset()
     dedicated_partition: str = "root"  # "root", "isolated" or "none" (plain cpusets); see partitions()
 
 
@@ -172,7 +175,7 @@ def desired_tree(topo: Topology, state: State, pools: Pools, options: CgroupOpti
         paths = placements.get(alloc.name)
         if alloc.qos is QoS.SYSTEM and paths is None and alloc.source != KUBERNETES:
             continue  # system workloads in Tidal's tree share tidal/system; a pod's live in its own cgroups
-        given = assignment(topo, alloc, pools, harvest)
+        given = assignment(topo, alloc, pools, harvest and alloc.name not in options.confined)
         knobs: Dict[str, object] = {"cpus": format_cpulist(given.cpus), "mems": format_cpulist(given.mems)}
         if paths is not None or alloc.source == KUBERNETES:
             # where the kubelet (or runtime) put its processes; nothing until it made them

@@ -612,6 +612,23 @@ def _stat_field(path: str, name: str) -> Optional[int]:
     return None
 
 
+USER_HZ = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100  # cpuacct.stat's unit
+
+
+def cpu_times_ns(driver, path: str) -> Optional[Tuple[int, int]]:
+    """A cgroup's cumulative (user, system) cpu time in nanoseconds, descendants included: v1
+    ``cpuacct.stat`` (in ``USER_HZ`` ticks), v2 ``cpu.stat`` (microseconds); ``None`` where unreadable."""
+    if driver.version == 1:
+        text, unit, keys = driver.read("cpuacct", path, "cpuacct.stat"), 1_000_000_000 // USER_HZ, ("user", "system")
+    else:
+        text, unit, keys = driver.read("", path, "cpu.stat"), 1000, ("user_usec", "system_usec")
+    fields = dict(line.split(None, 1) for line in (text or "").splitlines() if len(line.split()) == 2)
+    try:
+        return int(fields[keys[0]]) * unit, int(fields[keys[1]]) * unit
+    except (KeyError, ValueError):
+        return None
+
+
 def procs_in_tree(driver, path: str) -> List[int]:
     """Processes of a cgroup and its descendants."""
     pids = list(driver.procs(path))

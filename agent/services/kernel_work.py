@@ -1,0 +1,86 @@
+"""Reclaimed work that runs in the kernel is kept off online's shared cpus (pure: no I/O).
+
+Reclaimed work takes the shared pool's idle time at idle priority (``cpu.idle``): an online task that
+wakes up preempts it at once, while it runs in user mode. In the kernel it is another matter. The page
+faults of a job growing its memory, its page-cache reads and the reclaim it does at its memory limit run
+in its own context, and on a kernel without full preemption (``PREEMPT_NONE`` or ``PREEMPT_VOLUNTARY``:
+most distributions' default) a task in the kernel runs on until its next preemption point whatever its
+priority, holding the locks it took. ``bench memory-isolation`` measured what that costs a service that
+shares its cpu with such a job: on v1, p99 2.1-9.7x alone over nine runs with the job on the shared cpu,
+against 1.0-1.4x with it kept off it (the job spent 90% of its cpu time in the kernel).
+
+So a reclaimed workload whose kernel time (``cpuacct.stat`` ``system`` on v1, ``cpu.stat``
+``system_usec`` on v2) reaches ``KERNEL_SHARE`` of its cpu time over a period, and at least
+``MIN_KERNEL_MILLICPU``, is **confined**: its cpuset leaves out the shared and reserved pools' cpus
+and keeps the reclaim pool's (lent cpus; where nothing is lent, the reserved pool's, as any reclaimed
+work without idle harvesting). It stays confined until ``RELEASE_PERIODS`` periods in a row under the
+mark: a job's phases (load, compute) last minutes, and each move costs it its cache.
+A new workload starts confined, on probation, until ``PROBATION_PERIODS`` periods have measured it: a
+job's first seconds (loading its input, building its tables) are often its most kernel-bound, and a
+task framework's retry is a new workload each time. A cpu-bound job (user time) then harvests the
+shared pool's idle time.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, Mapping, Optional, Tuple
+
+KERNEL_SHARE = 0.3  # of a workload's own cpu time, spent in the kernel
+MIN_KERNEL_MILLICPU = 5  # and at least this much kernel time per second: a sleeping job is not worth a move
+RELEASE_PERIODS = 60
+PROBATION_PERIODS = 4
+
+Times = Tuple[int, int]  # (user ns, system ns), cumulative
+
+
+class KernelWork:
+    def __init__(self) -> None:
+        self.confined: Dict[str, int] = {}  # workload -> periods in a row under the mark
+        self.kernel_millicpu: Dict[str, int] = {}  # the last period's kernel time per reclaimed workload
+        self.confinements = 0
+        self.measured: Dict[str, int] = {}  # workload -> periods measured (probation ends at PROBATION_PERIODS)
+        self._last: Dict[str, Tuple[float, Times]] = {}
+
+    def observe(self, now: float, times: Mapping[str, Optional[Times]]) -> bool:
+        """A period's cpu times of the reclaimed workloads; True when the confined set changed."""
+        changed = False
+        last, self._last = self._last, {}
+        self.kernel_millicpu = {}
+        for name, value in times.items():
+            if value is None:
+                continue
+            self._last[name] = (now, value)
+            before = last.get(name)
+            if before is None or now <= before[0]:
+                continue
+            span = now - before[0]
+            user = max(0, value[0] - before[1][0]) / 1e6 / span
+            kernel = max(0, value[1] - before[1][1]) / 1e6 / span
+            self.kernel_millicpu[name] = round(kernel)
+            self.measured[name] = self.measured.get(name, 0) + 1
+            if self.measured[name] == PROBATION_PERIODS:
+                changed = True  # off probation: confined below, or free to harvest
+            heavy = kernel >= MIN_KERNEL_MILLICPU and kernel >= KERNEL_SHARE * (user + kernel)
+            if heavy:
+                if name not in self.confined:
+                    self.confinements += 1
+                    changed = True
+                self.confined[name] = 0
+            elif name in self.confined:
+                self.confined[name] += 1
+                if self.confined[name] >= RELEASE_PERIODS:
+                    del self.confined[name]
+                    changed = True
+        for name in [n for n in self.confined if n not in times]:  # ended
+            del self.confined[name]
+            changed = True
+        self.measured = {n: c for n, c in self.measured.items() if n in times}
+        return changed
+
+    def names(self) -> frozenset:
+        """The workloads confined for their kernel time."""
+        return frozenset(self.confined)
+
+    def confined_of(self, workloads) -> frozenset:
+        """Of the reclaimed ``workloads``, those to keep off online's idle cpus: confined, or on probation."""
+        return frozenset(n for n in workloads if n in self.confined or self.measured.get(n, 0) < PROBATION_PERIODS)
