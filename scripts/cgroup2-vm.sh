@@ -113,10 +113,14 @@ if awk '\$3 == "cgroup" { found = 1 } END { exit !found }' /proc/self/mounts; th
 # test's) replaces that file by a rename, which a mount point refuses. /etc is a writable overlay here.
 umount /etc/shadow 2>/dev/null || true
 # /var/tmp is tmpfs here, and a tmpfs file's pages are never reclaimed: a disk-backed ext4 over it (a loop
-# device on a file in the writable 9p directory), for what measures page cache (bench memory-isolation)
+# device on a file in the writable 9p directory), for what measures page cache (bench memory-isolation).
+# The loop device reads its file with direct io, as a disk has no page cache of its own under the
+# filesystem's: buffered, each block would be cached twice, and with the io controller enabled the loop
+# device charges its file's cache to the cgroup that asked for the block (a box of the bench's size then
+# holds half the pages it should).
 if modprobe loop 2>/dev/null; truncate -s 4G "$OUT/var-tmp.img" && mkfs.ext4 -q -F "$OUT/var-tmp.img" \
-        && mount -o loop "$OUT/var-tmp.img" /var/tmp; then
-    echo "/var/tmp: ext4 on a loop device"
+        && dev=\$(losetup --direct-io=on -f --show "$OUT/var-tmp.img") && mount "\$dev" /var/tmp; then
+    echo "/var/tmp: ext4 on a loop device (\$dev, direct io: \$(cat /sys/block/\${dev#/dev/}/loop/dio))"
 else
     echo "/var/tmp: no loop device; stays tmpfs"
 fi

@@ -148,7 +148,7 @@ class Admission:
     def describe(self, alloc: Allocation, pool=None) -> Dict[str, Any]:
         owner, driver = self.owner, self.enforcement.driver
         pool = pool or owner.pools()
-        given = assignment(owner.topology, alloc, pool, self.enforcement.harvest)
+        given = assignment(owner.topology, alloc, pool, self.enforcement.harvests_for(alloc.name))
         paths = self.enforcement.cgroups_of(alloc)
         path = paths[0] if paths else None
         return {
@@ -168,10 +168,10 @@ class Admission:
         inside the runtime's deadline): cpus, mems, QoS level and cpu weight, by workload name."""
         with self.owner.lock:
             pool = self.owner.pools()
-            harvest = self.enforcement.harvest
+            harvest, confined = self.enforcement.harvest, self.enforcement.confined()
             given = {}
             for alloc in self.owner.state.allocations:
-                one = assignment(self.owner.topology, alloc, pool, harvest)
+                one = assignment(self.owner.topology, alloc, pool, harvest and alloc.name not in confined)
                 given[alloc.name] = {"qos": alloc.qos.value, "cpus": format_cpulist(one.cpus),
                                      "mems": format_cpulist(one.mems), "cpu_shares": one.cpu_shares,
                                      "cpu_idle": one.cpu_idle}

@@ -58,6 +58,10 @@ class Enforcement:
         """Reclaimed work takes the shared pool's idle time (the kernel has cpu.idle, the option is on)."""
         return harvests(self.options, self.driver.features)
 
+    def harvests_for(self, name: str) -> bool:
+        """Whether reclaimed workload ``name`` takes online's idle cpus now (not when it runs in the kernel)."""
+        return self.harvest and name not in self.confined()
+
     def dedicated_isolation(self) -> Dict[str, object]:
         """How dedicated workloads' cpus are kept theirs: cpuset partitions, or plain cpusets and why."""
         mode = partitions(self.options, self.driver.features)

@@ -499,8 +499,9 @@ class Harvest:
     def confined(self) -> frozenset:
         """The reclaimed workloads kept off online's idle cpus now (services.kernel_work)."""
         state = self.owner.state
-        return self.kernel_work.confined_of(a.name for a in state.allocations if a.qos is QoS.RECLAIMED) \
-            if state is not None else frozenset()
+        if state is None or not self.enforcement.harvest:
+            return frozenset()  # no idle harvesting: reclaimed work is off online's cpus already
+        return self.kernel_work.confined_of(a.name for a in state.allocations if a.qos is QoS.RECLAIMED)
 
     def publish(self, capacity: Capacity, epoch: float) -> None:
         """Make ``capacity`` current; a new generation (long-pollers woken, offline agents pushed)

@@ -6,8 +6,8 @@ faults of a job growing its memory, its page-cache reads and the reclaim it does
 in its own context, and on a kernel without full preemption (``PREEMPT_NONE`` or ``PREEMPT_VOLUNTARY``:
 most distributions' default) a task in the kernel runs on until its next preemption point whatever its
 priority, holding the locks it took. ``bench memory-isolation`` measured what that costs a service that
-shares its cpu with such a job: on v1, p99 2.1-9.7x alone over nine runs with the job on the shared cpu,
-against 1.0-1.4x with it kept off it (the job spent 90% of its cpu time in the kernel).
+shares its cpu with such a job (90% of its cpu time in the kernel) on v1: p99 0.6-9.7x alone over 8
+runs, median 2.5x; 0.80-1.09x over 5 with the job kept off the service's cpu.
 
 So a reclaimed workload whose kernel time (``cpuacct.stat`` ``system`` on v1, ``cpu.stat``
 ``system_usec`` on v2) reaches ``KERNEL_SHARE`` of its cpu time over a period, and at least
@@ -15,7 +15,7 @@ So a reclaimed workload whose kernel time (``cpuacct.stat`` ``system`` on v1, ``
 and keeps the reclaim pool's (lent cpus; where nothing is lent, the reserved pool's, as any reclaimed
 work without idle harvesting). It stays confined until ``RELEASE_PERIODS`` periods in a row under the
 mark: a job's phases (load, compute) last minutes, and each move costs it its cache.
-A new workload starts confined, on probation, until ``PROBATION_PERIODS`` periods have measured it: a
+A new workload starts confined, on probation, for its first ``PROBATION_PERIODS`` periods: a
 job's first seconds (loading its input, building its tables) are often its most kernel-bound, and a
 task framework's retry is a new workload each time. A cpu-bound job (user time) then harvests the
 shared pool's idle time.
@@ -38,7 +38,7 @@ class KernelWork:
         self.confined: Dict[str, int] = {}  # workload -> periods in a row under the mark
         self.kernel_millicpu: Dict[str, int] = {}  # the last period's kernel time per reclaimed workload
         self.confinements = 0
-        self.measured: Dict[str, int] = {}  # workload -> periods measured (probation ends at PROBATION_PERIODS)
+        self.seen: Dict[str, int] = {}  # workload -> periods it was known (probation ends at PROBATION_PERIODS)
         self._last: Dict[str, Tuple[float, Times]] = {}
 
     def observe(self, now: float, times: Mapping[str, Optional[Times]]) -> bool:
@@ -47,6 +47,9 @@ class KernelWork:
         last, self._last = self._last, {}
         self.kernel_millicpu = {}
         for name, value in times.items():
+            self.seen[name] = self.seen.get(name, 0) + 1
+            if self.seen[name] == PROBATION_PERIODS:
+                changed = True  # off probation: confined below, or free to harvest
             if value is None:
                 continue
             self._last[name] = (now, value)
@@ -57,9 +60,6 @@ class KernelWork:
             user = max(0, value[0] - before[1][0]) / 1e6 / span
             kernel = max(0, value[1] - before[1][1]) / 1e6 / span
             self.kernel_millicpu[name] = round(kernel)
-            self.measured[name] = self.measured.get(name, 0) + 1
-            if self.measured[name] == PROBATION_PERIODS:
-                changed = True  # off probation: confined below, or free to harvest
             heavy = kernel >= MIN_KERNEL_MILLICPU and kernel >= KERNEL_SHARE * (user + kernel)
             if heavy:
                 if name not in self.confined:
@@ -74,7 +74,7 @@ class KernelWork:
         for name in [n for n in self.confined if n not in times]:  # ended
             del self.confined[name]
             changed = True
-        self.measured = {n: c for n, c in self.measured.items() if n in times}
+        self.seen = {n: c for n, c in self.seen.items() if n in times}
         return changed
 
     def names(self) -> frozenset:
@@ -83,4 +83,4 @@ class KernelWork:
 
     def confined_of(self, workloads) -> frozenset:
         """Of the reclaimed ``workloads``, those to keep off online's idle cpus: confined, or on probation."""
-        return frozenset(n for n in workloads if n in self.confined or self.measured.get(n, 0) < PROBATION_PERIODS)
+        return frozenset(n for n in workloads if n in self.confined or self.seen.get(n, 0) < PROBATION_PERIODS)

@@ -117,3 +117,31 @@ def test_the_guard_measures_offline_io_writes_its_limits_and_lifts_them():
     assert guard.lift_stale() == ["t/reclaimed 254:0"] and read_io_limits(driver, "t/reclaimed") == {}
     off = IoGuard(RecordingCgroups(version=1), lambda: ["t/reclaimed"], 20.0)  # v1: shown only
     assert not off.active and off.lift_stale() == []
+
+
+def test_status_and_metrics_show_io_limits_and_confined_workloads(tmp_path):
+    from click.testing import CliRunner
+
+    from agent.cli import main
+    from agent.reporter.metrics import render
+    from tests.unit.test_capacity_api import make_agent
+
+    agent = make_agent(tmp_path)
+    try:
+        agent.admit({"name": "scan", "qos": "reclaimed_cores", "millicpu": 100, "tier": "low"})
+        agent.harvest.io_guard.throttle.limits = {"254:0": (2 * MIB, None)}
+        agent.harvest.kernel_work.confined = {"scan": 0}
+        agent.harvest.kernel_work.kernel_millicpu = {"scan": 42}
+        out = CliRunner().invoke(main, ["status", "--socket", agent.config.socket_path]).output
+        assert "offline io LIMITED: 254:0 read 2.0 MiB/s write -" in out, out
+        assert "online io pressure - (no PSI)" in out  # the recording driver keeps none
+        assert "kept off online's idle cpus (it runs in the kernel): scan (42 millicpu in the kernel)" in out, out
+        status = agent.status()
+        assert status["io_pressure"]["limits"] == {"254:0": {"read_bps": 2 * MIB, "write_bps": None}}
+        assert status["kernel_work"]["confined"] == ["scan"]
+        text = render(agent).decode()
+        assert 'tidal_offline_io_limit_bytes_per_second{device="254:0",direction="read"} 2.097152e+06' in text, text
+        assert "tidal_reclaimed_confined_workloads 1.0" in text
+        assert "tidal_io_pressure_throttles_total 0.0" in text
+    finally:
+        agent.shutdown()
