@@ -160,8 +160,7 @@ def test_online_io_pressure_limits_offline_io_on_its_device(tmp_path):
         assert after < min(trigger, agent.config.io_pressure_threshold), f"online still waited {after:.1f}% under the limit"
         assert limited_after < 1.5  # a 0.25 s window and the guard's interval, with the VM's slowness
         assert web.poll() is None and batch.poll() is None  # nothing killed: online nor offline
-        # online quiet (its lookups stopped: in the VM, offline's stream also evicted the loop device's cached
-        # blocks of online's file, and online's reads keep waiting on the host for many seconds after), and no
+        # online quiet (its lookups stopped: under the limit it still waits more than alone in the VM), and no
         # offline io (a window with none cuts nothing): the limit doubles back once per period after the
         # quiet ones
         for proc in (batch, web):
