@@ -24,6 +24,8 @@ from __future__ import annotations
 
 from typing import Optional
 
+from agent.services.quiet import QuietPeriods
+
 WINDOW_S = 0.25  # the guard's pressure sample spans this much time
 HOLD_PERIODS = 30  # no new lending this many periods after a pressure shrink (the sizer's peak window)
 MAX_HOLD_PERIODS = 240
@@ -38,7 +40,7 @@ class CpuPressureLoop:
         self.hold = HOLD_PERIODS  # the hold the next shrink imposes
         self.holding = 0  # periods left before lending may grow
         self._since_release: Optional[int] = None  # periods since the last hold ended
-        self._quiet = 0
+        self._quiet = QuietPeriods(threshold_percent)
 
     def on_pressure(self, percent: Optional[float], carved: bool) -> bool:
         """A fast-guard sample; True when every lent cpu must go back now."""
@@ -48,7 +50,7 @@ class CpuPressureLoop:
             self.hold = min(MAX_HOLD_PERIODS, self.hold * 2)  # it came back soon: wait longer next time
         self.holding = self.hold
         self._since_release = None
-        self._quiet = 0
+        self._quiet.reset()
         self.shrinks += 1
         self.last_trigger = percent
         return True
@@ -64,10 +66,9 @@ class CpuPressureLoop:
             return False
         if self._since_release is not None:
             self._since_release += 1
-        if percent is not None and percent >= self.threshold / 2:
-            self._quiet = 0
+        quiet = self._quiet.sample(percent)
+        if not quiet:
             return False
-        self._quiet += 1
-        if self._quiet >= RESET_PERIODS:
+        if quiet >= RESET_PERIODS:
             self.hold = HOLD_PERIODS
         return True

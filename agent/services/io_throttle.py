@@ -29,6 +29,8 @@ from __future__ import annotations
 
 from typing import Dict, Mapping, Optional, Tuple
 
+from agent.services.quiet import QuietPeriods
+
 MIB = 1 << 20
 WINDOW_S = 0.25  # the guard's io pressure and rate samples span this much time
 CUT = 0.5  # a limit of this share of offline's rate on the device in the window
@@ -46,13 +48,13 @@ class IoThrottle:
         self.limits: Limits = {}
         self.cuts = 0
         self.last_trigger: Optional[float] = None  # the stall share (percent) of the last cut
-        self._quiet = 0
+        self._quiet = QuietPeriods(threshold_percent)
 
     def on_pressure(self, percent: Optional[float], rates: Optional[Rates]) -> bool:
         """A fast-guard window: True when a limit was set or lowered (the kernel must follow now)."""
         if self.threshold <= 0 or percent is None or percent < self.threshold or not rates:
             return False
-        self._quiet = 0
+        self._quiet.reset()
         changed = False
         for device, rate in rates.items():
             old = self.limits.get(device, (None, None))
@@ -75,13 +77,7 @@ class IoThrottle:
 
     def on_period(self, percent: Optional[float]) -> bool:
         """A period's sample: True when the limits grew (or were lifted)."""
-        if not self.limits:
-            return False
-        if percent is not None and percent >= self.threshold / 2:
-            self._quiet = 0
-            return False
-        self._quiet += 1
-        if self._quiet < QUIET_PERIODS:
+        if not self.limits or self._quiet.sample(percent) < QUIET_PERIODS:
             return False
         grown: Limits = {}
         for device, pair in self.limits.items():

@@ -23,6 +23,8 @@ from __future__ import annotations
 
 from typing import Optional
 
+from agent.services.quiet import QuietPeriods
+
 MIB = 1 << 20
 CUT = 0.9  # throttle to this share of what offline holds when online stalls
 FLOOR = 64 * MIB  # never below: the tree's own processes must run to reclaim
@@ -35,13 +37,13 @@ class MemoryThrottle:
         self.threshold = threshold_percent  # 0: off
         self.limit: Optional[int] = None  # bytes offline may hold now; None: not throttled
         self.cuts = 0
-        self._quiet = 0
+        self._quiet = QuietPeriods(threshold_percent)
 
     def on_pressure(self, percent: Optional[float], offline_bytes: Optional[int]) -> bool:
         """A fast-guard sample; True when the limit was cut (the kernel must follow now)."""
         if self.threshold <= 0 or percent is None or percent < self.threshold or not offline_bytes:
             return False
-        self._quiet = 0
+        self._quiet.reset()
         target = max(FLOOR, int(offline_bytes * CUT) // MIB * MIB)
         if self.limit is not None and target >= self.limit:
             return False  # what offline holds has not fallen under the last cut yet
@@ -51,13 +53,7 @@ class MemoryThrottle:
 
     def on_period(self, percent: Optional[float], unthrottled: Optional[int]) -> bool:
         """A period's sample; True when the limit grew (or went)."""
-        if self.limit is None:
-            return False
-        if percent is not None and percent >= self.threshold / 2:
-            self._quiet = 0
-            return False
-        self._quiet += 1
-        if self._quiet < QUIET_PERIODS:
+        if self.limit is None or self._quiet.sample(percent) < QUIET_PERIODS:
             return False
         grown = self.limit + STEP
         self.limit = None if unthrottled is None or grown >= unthrottled else grown

@@ -19,7 +19,6 @@ import pytest
 
 from agent.daemon import AgentConfig
 from agent.isolation.cgroups.blockio import read_io_bytes, read_io_limits
-from agent.isolation.cgroups.reconcile import Reconciler
 from agent.services import io_throttle
 from tests.conftest import privileged
 from tests.privileged.test_memory_real import detect_version, disk_file, finish, make_agent
@@ -182,15 +181,9 @@ def test_online_io_pressure_limits_offline_io_on_its_device(tmp_path):
         stop.set()
         if ticker is not None:
             ticker.join()
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-            proc.wait()
-        agent.shutdown()
-        lifted = read_io_limits(agent.driver, f"{base}/reclaimed") if agent.driver.exists(f"{base}/reclaimed") else {}
-        Reconciler(agent.driver, base).revert()
+        left = {}  # what a clean stop left on the reclaimed tree (it must lift its limits)
+        finish(agent, procs, after_shutdown=lambda: left.update(read_io_limits(agent.driver, f"{base}/reclaimed")))
         for path in files:
             if os.path.exists(path):
                 os.unlink(path)
-    assert lifted == {}, f"a clean stop left io limits: {lifted}"
-    assert not agent.driver.exists(base)
+    assert left == {}, f"a clean stop left io limits: {left}"

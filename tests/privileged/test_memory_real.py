@@ -54,13 +54,16 @@ def hold(agent, name, mib):
     return proc
 
 
-def finish(agent, procs):
+def finish(agent, procs, after_shutdown=lambda: None):
+    """Kill ``procs``, stop the agent, call ``after_shutdown`` (what a clean stop must have done), and remove
+    the tree, which must go."""
     for proc in procs:
         if proc.poll() is None:
             proc.kill()
         proc.wait()
     base = agent.config.cgroup_base
     agent.shutdown()
+    after_shutdown()
     Reconciler(agent.driver, base).revert()
     assert not agent.driver.exists(base)
 
