@@ -124,7 +124,7 @@ class Harvest:
         self.cpu_pressure = PressureMeter(self.driver.pressure, self.online_cgroups, "cpu")
         self.cpu_loop = CpuPressureLoop(getattr(config, "cpu_pressure_threshold", 0.0))
         # online's io stall share: the fast guard limits offline's block io on it, the period lifts the
-        # limits slowly (services.io_guard); where the kernel has no io/blkio controller it is shown only
+        # limits slowly (services.io_guard); on v1, or with no io controller, it is shown only
         self.io_pressure = PressureMeter(self.driver.pressure, self.online_cgroups, "io")
         # reclaimed workloads that run in the kernel: off online's idle cpus (services.kernel_work)
         self.kernel_work = KernelWork()
