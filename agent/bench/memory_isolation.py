@@ -229,6 +229,11 @@ class _Scenario:
 
     def run(self, place_offline: Optional[Callable[[int], None]], evicted: Callable[[], set]) -> Dict[str, Any]:
         self._say(self.online, "go")
+        # its report (a latency per request) is read as it is written: past a pipe's 64 KiB (a run of
+        # about 18 s) the service would block writing it while this waited for it to exit
+        report: List[str] = []
+        reader = threading.Thread(target=lambda: report.append(self.online.stdout.read()), daemon=True)
+        reader.start()
         deadline = time.monotonic() + self.args["duration"] * 6 + 60
         while self.online.poll() is None and time.monotonic() < deadline:
             if place_offline is not None and self.offline is not None and self.offline.poll() is not None \
@@ -240,7 +245,8 @@ class _Scenario:
             time.sleep(0.05)
         if self.online.poll() is None:
             raise TidalError("the online service did not finish")
-        out = self.online.stdout.read()
+        reader.join()
+        out = report[0] if report else ""
         online_oom = int(self.online.returncode == -signal.SIGKILL and self.online.pid not in evicted())
         result = json.loads(out) if self.online.returncode == 0 else {"latencies_us": [], "major_faults": None}
         result["oom_kills"] = {"online": online_oom, "offline": self.offline_oom}
