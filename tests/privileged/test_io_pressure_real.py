@@ -1,8 +1,9 @@
 """Online's io pressure on real cgroups and a real disk.
 
-v2 (the VM tier, its ``/var/tmp`` an ext4 loop device): offline work streaming from the disk online reads
-from makes online wait on io; the fast guard limits offline's bandwidth on that device (``io.max``) within
-a window of the step, halves it while online still waits, holds offline under it, the limit grows back
+v2 (the VM tier, its ``/var/tmp`` an ext4 loop device): offline work scans the disk online reads from; while
+online reads nothing, nothing is limited; the step is online starting to read behind the scan: the fast guard
+limits offline's bandwidth on that device (``io.max``) within two windows of the step, halves it while online
+still waits, holds offline under it, and online then waits no more than with offline gone; the limit grows back
 once online is quiet, and a clean stop lifts it. Both sides read with ``O_DIRECT``: every read reaches the
 device (the page cache would hide the disk).
 
@@ -26,10 +27,13 @@ from tests.privileged.test_memory_real import detect_version, disk_file, finish,
 pytestmark = [pytest.mark.privileged, privileged]
 MIB = 1 << 20
 
-# once told, a 4 KiB read at a random offset every millisecond (a busy service's lookups), straight from the device
-LOOKUPS = ("import mmap, os, random, sys, time\nsys.stdin.readline()\n"
+# while told "go" (until told "stop"), a 4 KiB read at a random offset every millisecond (a busy service's
+# lookups), straight from the device
+LOOKUPS = ("import mmap, os, random, sys, threading, time\non = threading.Event()\n"
+           "def control():\n    for line in sys.stdin:\n        on.set() if line.strip() == 'go' else on.clear()\n"
+           "threading.Thread(target=control, daemon=True).start()\n"
            "fd = os.open(sys.argv[1], os.O_RDONLY | os.O_DIRECT)\nblocks = os.fstat(fd).st_size // 4096\n"
-           "buf = mmap.mmap(-1, 4096)\nrng = random.Random(1)\nwhile True:\n"
+           "buf = mmap.mmap(-1, 4096)\nrng = random.Random(1)\nwhile True:\n    on.wait()\n"
            "    os.preadv(fd, [buf], rng.randrange(blocks) * 4096)\n    time.sleep(0.001)\n")
 # once told, four threads each reading 1 MiB at a time from its own quarter of the file, round and round, as
 # fast as the device gives them (a batch job's parallel scan: several requests in the device's queue at once)
@@ -47,6 +51,16 @@ def write_file(path, mib):
             handle.write(block)
         handle.flush()
         os.fsync(handle.fileno())
+
+
+def tell(proc, line):
+    proc.stdin.write(line + "\n")
+    proc.stdin.flush()
+
+
+def offline_read(agent, path):
+    """Bytes ``path`` has read from every device."""
+    return sum(r for r, _ in (read_io_bytes(agent.driver, path) or {}).values())
 
 
 def io_wait_share(agent, path, seconds):
@@ -117,24 +131,28 @@ def test_online_io_pressure_limits_offline_io_on_its_device(tmp_path):
         leaf, reclaimed = f"{base}/shared/web", f"{base}/reclaimed"
         if agent.driver.pressure(leaf, "io") is None:
             pytest.fail(f"no io.pressure for {leaf}: the loop would fall back to the node's")
-        web.stdin.write("go\n")
-        web.stdin.flush()
+        tell(web, "go")
         ticker = threading.Thread(target=loop, daemon=True)
         ticker.start()
         agent.start_guard()
         alone = io_wait_share(agent, leaf, 2.0)
         assert agent.counters["io_pressure_throttles"] == 0, f"limited with no offline io (online waited {alone:.1f}%)"
-        idle = sum(r for r, _ in (read_io_bytes(agent.driver, reclaimed) or {}).values())
-        batch.stdin.write("go\n")
-        batch.stdin.flush()
-        step = time.monotonic() + 10
+        # offline alone: online pauses and the scan starts; once it reads (the interpreter's start under
+        # emulation takes a second or two) and has read for a second, nothing is limited: online does not wait
+        tell(web, "stop")
+        idle = offline_read(agent, reclaimed)
+        tell(batch, "go")
+        deadline = time.monotonic() + 15
+        while offline_read(agent, reclaimed) <= idle:
+            assert time.monotonic() < deadline, "the offline scan read nothing in 15 s"
+            time.sleep(0.05)
+        time.sleep(1.0)
+        assert agent.counters["io_pressure_throttles"] == 0, "offline io limited while online read nothing"
+        # the step: online reads again, now behind the scan's requests
+        tell(web, "go")
+        step = time.monotonic()
         while agent.counters["io_pressure_throttles"] == 0:
-            now = time.monotonic()
-            # the step: offline's first read reaches the device (the interpreter's start under emulation takes
-            # a second or two after "go")
-            if step > now and sum(r for r, _ in (read_io_bytes(agent.driver, reclaimed) or {}).values()) > idle:
-                step = now
-            assert now - step < 10, (
+            assert time.monotonic() - step < 10, (
                 f"no io limit in 10 s: online waited {agent.harvest.io_pressure.percent}% of the last period "
                 f"(alone {alone:.1f}%), offline moved {agent.harvest.io_guard.rates}")
             time.sleep(0.005)
@@ -149,24 +167,32 @@ def test_online_io_pressure_limits_offline_io_on_its_device(tmp_path):
         limit = agent.harvest.io_guard.throttle.limits[device][0]
         assert read_io_limits(agent.driver, reclaimed)[device][0] == limit
         rate, busiest = read_rate(agent, reclaimed, 2.0)
-        after = io_wait_share(agent, leaf, 2.0)
-        print(f"online alone waited {alone:.1f}% on io; offline's stream -> {trigger}% over "
-              f"{io_throttle.WINDOW_S} s, limited {limited_after:.3f} s after its first read to {first[device][0] / MIB:.1f} "
-              f"MiB/s on {device}, then {limit / MIB:.1f} MiB/s ({agent.harvest.io_guard.throttle.cuts} cuts); "
-              f"offline read {rate / MIB:.2f} MiB/s under it; online waited {after:.1f}% after")
+        after = io_wait_share(agent, leaf, 3.0)
+        assert web.poll() is None and batch.poll() is None  # nothing killed: online nor offline
+        # the reference for what the limit leaves: online's wait with the scan gone, measured right after (in
+        # the VM online's wait at the start, before any scan, reads lower than this: 0.6-3.1% against 12-18%
+        # later with no offline io at all, for a reason not established; the comparison is made in the same
+        # stretch of the run)
+        batch.kill()
+        batch.wait()
+        gone = io_wait_share(agent, leaf, 3.0)
+        print(f"online alone waited {alone:.1f}% on io; reading behind offline's scan {trigger}% over "
+              f"{io_throttle.WINDOW_S} s, limited {limited_after:.3f} s after online's step to "
+              f"{first[device][0] / MIB:.1f} MiB/s on {device}, then {limit / MIB:.1f} MiB/s "
+              f"({agent.harvest.io_guard.throttle.cuts} cuts); offline read {rate / MIB:.2f} MiB/s under it; "
+              f"online waited {after:.1f}% under the limit, {gone:.1f}% with the scan gone")
         assert busiest == device
         assert rate <= limit * 1.25 + 256 * 1024, f"offline read {rate / MIB:.2f} MiB/s under a {limit / MIB:.2f} MiB/s limit"
-        # online's wait under the limit is printed above, not asserted: in the VM it stayed 13-28% over six runs
-        # (20-33% at the cut, 0.6-2.3% alone), for a reason not established (the README says so); what is
-        # asserted is the loop: the cut, the limit in the kernel, offline held under it, the way back
-        assert limited_after < 1.5  # a 0.25 s window and the guard's interval, with the VM's slowness
-        assert web.poll() is None and batch.poll() is None  # nothing killed: online nor offline
-        # online quiet (its lookups stopped: under the limit it still waits more than alone in the VM), and no
-        # offline io (a window with none cuts nothing): the limit doubles back once per period after the
-        # quiet ones
-        for proc in (batch, web):
-            proc.kill()
-            proc.wait()
+        # two windows (a step lands inside one; the next whole one sees it) and the guard's reads of every
+        # offline cgroup, slow under emulation: 0.34-0.79 s over six VM runs
+        assert limited_after < 1.25
+        # what the limit is for: online waits no more than with offline gone (5 points: the two 3 s figures
+        # differed by -2.9 to +2.8 over three VM runs)
+        assert after <= gone + 5, f"online waited {after:.1f}% under the limit, {gone:.1f}% with offline gone"
+        # online quiet (its lookups stopped) and no offline io (a window with none cuts nothing): the limit
+        # doubles back once per period after the quiet ones
+        web.kill()
+        web.wait()
         time.sleep(2 * io_throttle.WINDOW_S)
         quiet = agent.harvest.io_guard.throttle.limits[device][0]
         deadline = time.monotonic() + (io_throttle.QUIET_PERIODS + 4) * agent.config.period + 5

@@ -21,9 +21,16 @@ def test_a_pressure_window_limits_each_device_and_direction_offline_used():
     # the next window runs at the limit and online still waits: halved again
     assert throttle.on_pressure(30.0, {"8:0": (100 * MIB, 0.0)})
     assert throttle.limits["8:0"] == (50 * MIB, None) and throttle.limits["8:16"] == (None, 20 * MIB)
-    # a window in which offline ran above nothing it was limited on does not raise a limit
-    assert not throttle.on_pressure(30.0, {"8:0": (150 * MIB, 0.0)})
-    assert throttle.limits["8:0"] == (50 * MIB, None)
+    # a window in which offline's rate reads above its limit (one large request counted in a short window)
+    # while online still waits: halved from the limit, not from the reading (which would hold it where it is)
+    assert throttle.on_pressure(30.0, {"8:0": (150 * MIB, 0.0)})
+    assert throttle.limits["8:0"] == (25 * MIB, None)
+    # a window in which offline ran under its limit: halved from its rate; the direction it did not use stays
+    assert throttle.on_pressure(30.0, {"8:0": (10 * MIB, 0.0), "8:16": (0.0, 0.0)})
+    assert throttle.limits == {"8:0": (5 * MIB, None), "8:16": (None, 20 * MIB)}
+    # pressure with offline idle on the device: nothing it did, nothing cut
+    assert not throttle.on_pressure(30.0, {"8:0": (0.0, 0.0)})
+    assert throttle.limits["8:0"] == (5 * MIB, None)
 
 
 def test_limits_never_fall_under_the_floor_and_are_page_multiples():
