@@ -419,6 +419,8 @@ def run(box_mib: int = 512, online_anon_mib: int = 64, online_file_mib: int = 64
         # use: Tidal's capacity keeps online's peak for minutes, so a start on a busy host would leave the job
         # no room for the whole round
         waited = wait_for_quiet_host()
+        if waited is None:
+            progress(f"{name}: the host's cpus stayed over 25% busy for 30 s; this round runs anyway")
         scenario = _Scenario(args, offline_anon)
         cleanup: Callable[[], None] = lambda: None  # noqa: E731
         try:

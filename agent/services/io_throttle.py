@@ -19,10 +19,10 @@ waiting. (The lower of the two: over a quarter-second window a limited job's
 rate reads above its limit whenever one large request lands in it, since the
 kernel counts a request's bytes when it passes the limit, and a cut from that
 reading would hold the limit where it is; measured in the VM, a 1 MiB-read
-scan held it at 1.5-1.8 MiB/s.) (v1 throttles what a task submits: reads, direct io,
-and on v2 also buffered writeback, which the kernel charges to the cgroup
-that dirtied the pages; v1 writeback is issued by the kernel's flusher and is
-not throttled.)
+scan held it at 1.5-1.9 MiB/s.) v1 throttles what a task submits: reads,
+direct io, and on v2 also buffered writeback, which the kernel charges to the
+cgroup that dirtied the pages; v1 writeback is issued by the kernel's flusher
+and is not throttled.
 
 It grows back slowly: after ``QUIET_PERIODS`` periods in a row under half
 the threshold, each limit doubles per period, and once it reaches
