@@ -226,8 +226,13 @@ class _Scenario:
         from agent.errors import Unfit
 
         a = self.args
-        self.offline = subprocess.Popen(self.cmd + ["offline", str(self.offline_anon_mib), str(a["offline_rate_mib_s"]),
-                                                    a["stream_file"]], stdin=subprocess.PIPE, text=True)
+        # placed before it runs, as a runtime or a node manager puts a container's first process in its cgroup
+        # before exec: a shell waits for "placed", then execs the job (same pid), which waits for "go". Started
+        # and then placed, the interpreter's start (tens of ms, much of it in the kernel) ran outside any
+        # treatment, on whatever cpu, at every restart of a job that outgrows its limit
+        self.offline = subprocess.Popen(["/bin/sh", "-c", 'read placed && exec "$@"', "sh"] + self.cmd + [
+            "offline", str(self.offline_anon_mib), str(a["offline_rate_mib_s"]), a["stream_file"]],
+            stdin=subprocess.PIPE, text=True)
         try:
             place(self.offline.pid)
         except Unfit:
@@ -236,6 +241,7 @@ class _Scenario:
             self.offline.wait()
             self.retry_at = time.monotonic() + 0.5
             return
+        self._say(self.offline, "placed")
         self._say(self.offline, "go")
 
     @staticmethod
