@@ -31,7 +31,10 @@ those). Treatments, taking turns (``repeats`` rounds):
 Reported: online p50/p99 and their ratio to online alone, online major faults,
 OOM kills by side (a ``SIGKILL`` neither the harness nor Tidal sent), Tidal's
 evictions, and the offline memory harvested as a share of what online leaves
-(mean offline use / mean of the box less everything else). The files live in
+(mean offline use / mean of the box less everything else; ``settled`` the same
+over each round's second half, once the job has grown). Each treatment's p99 is
+also given per round, and the spread of online alone's rounds (largest p99 over
+smallest): the noise a ratio is read against. The files live in
 ``directory``, which must be disk-backed: page cache in ``tmpfs`` is never
 reclaimed, and nothing of the page-cache half would be measured. Needs root.
 """
@@ -120,6 +123,40 @@ def offline_main(anon_mib: int, rate_mib_s: float, stream_path: str) -> None:
 
 
 # ---- the harness ----------------------------------------------------------------
+
+def summarize(rows: List[Dict[str, Any]]) -> Dict[str, Any]:
+    """One treatment's rounds, pooled: latency percentiles over every request, each round's p99 (how much
+    they differ is the noise a ratio must be read against), faults, kills, and the offline harvest over
+    the whole rounds and over their second halves (``settled``: after the job's growth, which under
+    emulation takes most of a short round)."""
+    pooled = [x for r in rows for x in r["latencies_us"]]
+    out: Dict[str, Any] = {"p50_us": round(percentile(pooled, 50), 1) if pooled else None,
+                           "p99_us": round(percentile(pooled, 99), 1) if pooled else None,
+                           "p99_us_by_round": [round(percentile(r["latencies_us"], 99), 1) if r["latencies_us"] else None
+                                               for r in rows],
+                           "samples": len(pooled),
+                           "major_faults": sum(r["major_faults"] or 0 for r in rows),
+                           "oom_kills": {side: sum(r["oom_kills"][side] for r in rows) for side in ("online", "offline")},
+                           "offline_refused": sum(r.get("refused", 0) for r in rows)}
+    for suffix in ("", "_settled"):
+        with_use = [r for r in rows if f"offline_bytes{suffix}" in r]
+        if with_use:
+            used = sum(r[f"offline_bytes{suffix}"] for r in with_use) / len(with_use)
+            left = sum(r[f"left_bytes{suffix}"] for r in with_use) / len(with_use)
+            out[f"offline_mib{suffix}"] = round(used / MIB, 1)
+            out[f"left_by_online_mib{suffix}"] = round(left / MIB, 1)
+            out[f"offline_harvest{suffix}"] = round(used / left, 3) if left else None
+    for key in ("quiet_wait_s", "evictions", "throttles", "kernel_confinements", "limits", "protection", "seen"):
+        if rows and key in rows[-1]:
+            out[key] = [r[key] for r in rows] if key != "evictions" else [e for r in rows for e in r[key]]
+    return out
+
+
+def round_spread(summary: Dict[str, Any]) -> Optional[float]:
+    """The largest round's p99 over the smallest's: 1.0 for identical rounds, ``None`` under two rounds."""
+    p99s = [p for p in summary["p99_us_by_round"] if p]
+    return round(max(p99s) / min(p99s), 3) if len(p99s) >= 2 else None
+
 
 def wait_for_quiet_host(busy_share: float = 0.25, calm_samples: int = 2, interval: float = 0.5,
                         limit: float = 30.0) -> Optional[float]:
@@ -442,8 +479,10 @@ def run(box_mib: int = 512, online_anon_mib: int = 64, online_file_mib: int = 64
             result["warm_box_bytes"] = warm
             result["quiet_wait_s"] = waited
             if name != "alone" and sampler.left:
-                result["offline_bytes"] = sum(sampler.offline) / len(sampler.offline)
-                result["left_bytes"] = sum(sampler.left) / len(sampler.left)
+                half = len(sampler.left) // 2
+                for suffix, start in (("", 0), ("_settled", half)):
+                    result[f"offline_bytes{suffix}"] = sum(sampler.offline[start:]) / len(sampler.offline[start:])
+                    result[f"left_bytes{suffix}"] = sum(sampler.left[start:]) / len(sampler.left[start:])
             if "agent" in info:
                 agent = info["agent"]
                 result["evictions"] = [{"cause": e["cause"], "reason": e["reason"]} for e in agent.evictions]
@@ -481,30 +520,11 @@ def run(box_mib: int = 512, online_anon_mib: int = 64, online_file_mib: int = 64
                 pass
         os.rmdir(work)
 
-    def summary(rows: List[Dict[str, Any]]) -> Dict[str, Any]:
-        pooled = [x for r in rows for x in r["latencies_us"]]
-        out: Dict[str, Any] = {"p50_us": round(percentile(pooled, 50), 1) if pooled else None,
-                               "p99_us": round(percentile(pooled, 99), 1) if pooled else None,
-                               "samples": len(pooled),
-                               "major_faults": sum(r["major_faults"] or 0 for r in rows),
-                               "oom_kills": {side: sum(r["oom_kills"][side] for r in rows) for side in ("online", "offline")},
-                               "offline_refused": sum(r.get("refused", 0) for r in rows)}
-        with_use = [r for r in rows if "offline_bytes" in r]
-        if with_use:
-            used = sum(r["offline_bytes"] for r in with_use) / len(with_use)
-            left_ = sum(r["left_bytes"] for r in with_use) / len(with_use)
-            out["offline_mib"] = round(used / MIB, 1)
-            out["left_by_online_mib"] = round(left_ / MIB, 1)
-            out["offline_harvest"] = round(used / left_, 3) if left_ else None
-        for key in ("quiet_wait_s", "evictions", "throttles", "kernel_confinements", "limits", "protection", "seen"):
-            if key in rows[-1]:
-                out[key] = [r[key] for r in rows] if key != "evictions" else [e for r in rows for e in r[key]]
-        return out
-
-    alone_summary = summary(alone)
+    alone_summary = summarize(alone)
+    alone_summary["p99_spread"] = round_spread(alone_summary)
     scenarios = {}
     for name, rows in results.items():
-        s = summary(rows)
+        s = summarize(rows)
         for pct in ("p50", "p99"):
             s[f"{pct}_ratio"] = round(s[f"{pct}_us"] / alone_summary[f"{pct}_us"], 3) \
                 if s[f"{pct}_us"] and alone_summary[f"{pct}_us"] else None
