@@ -49,6 +49,10 @@ def test_one_short_round_of_an_outgrowing_job():
         assert 0 < row["offline_mib"] and 0 < row["left_by_online_mib"] < 384, (name, {
             k: row.get(k) for k in ("offline_mib", "left_by_online_mib", "offline_refused", "limits", "seen",
                                     "evictions", "throttles")})
+        # one round: its p99 is the pooled one, and the settled half of the harvest is measured too
+        assert row["p99_us_by_round"] == [row["p99_us"]] and row["p99_round_median_ratio"] == row["p99_ratio"], name
+        assert row["offline_mib_settled"] > 0, name
+    assert report["alone"]["p99_spread"] is None  # one round: no spread to report
     tidal = report["scenarios"]["tidal"]
     # Tidal's kernel limit on offline memory: under the box less the service's working set (64 MiB anonymous,
     # 64 MiB of a mapped file, which sits on the inactive list and would read as free in MemAvailable's sense)

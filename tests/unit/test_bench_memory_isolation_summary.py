@@ -40,3 +40,11 @@ def test_the_settled_harvest_is_reported_beside_the_whole_rounds():
 def test_a_treatment_without_an_offline_side_has_no_harvest():
     summary = memory_isolation.summarize([round_of([1.0, 2.0])])
     assert "offline_harvest" not in summary and "offline_harvest_settled" not in summary
+
+
+def test_the_round_median_of_p99s_is_not_moved_by_one_noisy_round():
+    quiet = [round_of([100.0] * 98 + [200.0] * 2) for _ in range(4)]
+    noisy = round_of([100.0] * 90 + [5000.0] * 10)
+    summary = memory_isolation.summarize(quiet + [noisy])
+    assert summary["p99_us"] == 5000.0  # the pooled p99 takes the noisy round's tail
+    assert summary["p99_us_round_median"] == 200.0
