@@ -128,7 +128,7 @@ def offline_main(anon_mib: int, rate_mib_s: float, stream_path: str) -> None:
 
 def summarize(rows: List[Dict[str, Any]]) -> Dict[str, Any]:
     """One treatment's rounds, pooled: latency percentiles over every request, each round's p99 (how much
-    they differ is the noise a ratio must be read against), faults, kills, and the offline harvest over
+    they differ is the noise a ratio must be read against) and their median, faults, kills, and the offline harvest over
     the whole rounds and over their second halves (``settled``: after the job's growth, which under
     emulation takes most of a short round)."""
     pooled = [x for r in rows for x in r["latencies_us"]]
