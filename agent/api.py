@@ -14,43 +14,53 @@
 | POST   | /v1/node/lend, /v1/node/reclaim | {"notice": "60s"} | 200; 409 wrong state             |
 | GET    | /v1/evictions                 |                     | 200 recent evictions, by tier and cause |
 | GET    | /v1/net                       |                     | 200 traffic classes per NIC      |
+| GET    | /openapi.json                 |                     | 200 this API's OpenAPI document  |
 
 Errors are JSON ``{"error": "<one line>"}`` with 400 (malformed or invalid
 request), 403 (the caller may not: see ``agent.authority``), 404 (no such
-workload or path), 405 (method not allowed), 409 (name in use), 422 (does
-not fit now), 503 (too many connections), 500 (the kernel refused a write;
-nothing is left half-applied).
+workload or path), 405 (method not allowed), 408 (the request did not arrive
+in time), 409 (name in use), 413 (body too large), 422 (does not fit now),
+503 (too many connections), 500 (the kernel refused a write; nothing is left
+half-applied).
 
-Bounded: at most ``MAX_CONNECTIONS`` connections per listener (more are
-answered 503 and closed at once), ``IDLE_TIMEOUT`` seconds to send a
-request's headers and body (a silent or half-open connection is closed),
-bodies up to ``MAX_BODY``, a listen backlog of ``BACKLOG``. A slow client
-holds one thread of its own, never the agent's loop or another client.
+Bounded (``agent.connections``): each listener has ``MAX_CONNECTIONS`` slots,
+at most ``MAX_PER_PEER`` for one unprivileged peer (a uid, by the kernel's
+word) and the last ``RESERVED`` for root and the NRI plugin; a request's line,
+headers and body must arrive within ``REQUEST_DEADLINE`` of its first byte, an
+idle connection is closed after ``IDLE_TIMEOUT``; long-polls wait in a pool
+of their own; bodies up to ``MAX_BODY``, JSON nested at most ``MAX_DEPTH``
+deep. A connection over a limit is answered 503 and closed at once. A slow
+client holds one thread of its own, never the agent's loop or another client.
+
+The API is described by an OpenAPI document (``GET /openapi.json``,
+``agent/openapi.json``): the source of the API reference and of the fuzz
+tests that check the agent against it.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import os
 import socket
 import socketserver
-import struct
 import threading
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from typing import Any, Dict, List, Optional, Protocol, Tuple
 from urllib.parse import unquote, urlsplit
 
+from agent import connections
 from agent.authority import Caller, check, may_touch, pid_owner, token_matches
+from agent.connections import IDLE_TIMEOUT, MAX_CONNECTIONS, REQUEST_DEADLINE, DeadlineReader, Peer, Slots
 from agent.errors import AdmissionError, Conflict, Forbidden, NotFound, TidalError, Unfit
 from contracts.capacity import FORMATS, render_capacity
+from contracts.jsonbound import BoundError, loads_bounded
 
 log = logging.getLogger("tidal.api")
 MAX_BODY = 1 << 20
-MAX_CONNECTIONS = 256
-IDLE_TIMEOUT = 10.0
 BACKLOG = 512
-_PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
+OPENAPI = os.path.join(os.path.dirname(__file__), "openapi.json")
 
 
 class AgentFace(Protocol):
@@ -78,19 +88,34 @@ class AgentFace(Protocol):
 
 
 class _SlowClient(Exception):
-    """A request that did not arrive whole within the idle timeout (answered 408, then closed)."""
+    """A request that did not arrive whole within its deadline (answered 408, then closed)."""
+
+
+class _TooLarge(Exception):
+    """A body over ``MAX_BODY`` (answered 413, then closed)."""
 
 
 class _Handler(BaseHTTPRequestHandler):
     server_version = "tidal"
     protocol_version = "HTTP/1.1"
-    timeout = IDLE_TIMEOUT  # per socket read: headers and body must keep coming
+    timeout = IDLE_TIMEOUT
+
+    def setup(self) -> None:
+        super().setup()
+        # every read of this connection under the request deadline (agent.connections)
+        self.reader = DeadlineReader(self.connection)
+        self.rfile = io.BufferedReader(self.reader)
+        self.peer: Peer = self.server.peers.get(self.connection) or Peer("unknown", uid=None, address="?")
+
+    def handle_one_request(self) -> None:
+        self.reader.start_request()
+        super().handle_one_request()
 
     def _caller(self) -> Caller:
-        if isinstance(self.server, _UnixServer):
-            raw = self.connection.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size)
-            return Caller("unix", uid=_PEERCRED.unpack(raw)[1])
-        return Caller("tcp", token_ok=token_matches(self.headers.get("Authorization"), self.server.token))
+        if self.server.via == "tcp":
+            return Caller("tcp", uid=self.peer.uid,
+                          token_ok=token_matches(self.headers.get("Authorization"), self.server.token))
+        return Caller(self.server.via, uid=self.peer.uid)
 
     def log_message(self, fmt: str, *args: Any) -> None:
         log.debug("api: " + fmt, *args)
@@ -99,12 +124,34 @@ class _Handler(BaseHTTPRequestHandler):
         return "local"
 
     def _send(self, status: int, payload: Any) -> None:
-        body = json.dumps(payload).encode() + b"\n"
+        self._send_raw(status, json.dumps(payload).encode() + b"\n")
+
+    def _send_raw(self, status: int, body: bytes) -> None:
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
+        if self.close_connection:
+            self.send_header("Connection", "close")
         self.end_headers()
         self.wfile.write(body)
+
+    def _waiting(self, wait):
+        """Run a long-poll ``wait()`` holding a waiter's slot instead of a request slot (so waits never
+        stop requests); the request slot is taken back after, or the connection closes."""
+        server, key = self.server, self.peer.key
+        privileged = server.privileged(self.peer)
+        if not server.waiters.take(key, privileged):
+            raise _Busy("too many long-polls; try again")
+        server.slots.give(key)
+        server.holding[self.connection] = False
+        try:
+            return wait()
+        finally:
+            server.waiters.give(key)
+            if server.slots.take(key, privileged):
+                server.holding[self.connection] = True
+            else:  # answer this one, then let the connection go: requests have no slot for it now
+                self.close_connection = True
 
     def _read_body(self) -> bytes:
         """The whole body, read before anything is answered (an answer sent over unread data is
@@ -115,25 +162,25 @@ class _Handler(BaseHTTPRequestHandler):
         except ValueError:
             self.close_connection = True
             raise AdmissionError("bad Content-Length") from None
-        if size < 0 or size > MAX_BODY:
+        if size < 0:
             self.close_connection = True
-            raise AdmissionError(f"body must be 0..{MAX_BODY} bytes")
+            raise AdmissionError("bad Content-Length")
+        if size > MAX_BODY:
+            self.close_connection = True
+            raise _TooLarge(f"body of {size} bytes; at most {MAX_BODY}")
         try:
             raw = self.rfile.read(size) if size else b""
         except TimeoutError:
-            raise _SlowClient(f"the body did not arrive within {IDLE_TIMEOUT:g} s") from None
+            raise _SlowClient(f"the request did not arrive within {REQUEST_DEADLINE:g} s of its first byte") from None
         if len(raw) < size:
             raise _SlowClient("the connection closed before the whole body arrived")
         return raw
 
     def _body(self) -> Any:
-        raw = self._raw
         try:
-            return json.loads(raw or b"null")
-        except (ValueError, UnicodeDecodeError) as exc:  # ValueError: also integers of over 4,300 digits
-            raise AdmissionError(f"malformed JSON body: {str(exc)[:200]}") from None
-        except RecursionError:
-            raise AdmissionError("malformed JSON body: nested too deeply") from None
+            return loads_bounded(self._raw or b"null")
+        except BoundError as exc:
+            raise AdmissionError(f"malformed JSON body: {exc}") from None
 
     def _dispatch(self, method: str) -> None:
         agent = self.server.agent
@@ -141,7 +188,7 @@ class _Handler(BaseHTTPRequestHandler):
         parts = [unquote(p) for p in urlsplit(self.path).path.split("/") if p]
         try:
             self._raw = self._read_body()
-            if parts[:1] != ["v1"] and parts != ["metrics"]:
+            if parts[:1] != ["v1"] and parts not in (["metrics"], ["openapi.json"]):
                 raise NotFound(f"no such path {self.path!r}")
             route = parts[1:]
             caller = self._caller()
@@ -158,10 +205,13 @@ class _Handler(BaseHTTPRequestHandler):
                 return None
             if method == "GET" and route == ["health"]:
                 return self._send(200, {"ok": True})
+            if method == "GET" and parts == ["openapi.json"]:
+                with open(OPENAPI, "rb") as handle:
+                    return self._send_raw(200, handle.read())
             if method == "GET" and route == ["status"]:
                 return self._send(200, agent.status())
             if method == "GET" and route == ["capacity"]:
-                return self._send(200, _capacity(agent, self.path))
+                return self._send(200, _capacity(agent, self.path, self._waiting))
             if method == "GET" and route == ["node"]:
                 return self._send(200, agent.node_doc())
             if method == "POST" and route == ["node", "lend"]:
@@ -177,7 +227,7 @@ class _Handler(BaseHTTPRequestHandler):
                 # the NRI plugin says it is registered with the runtime on every refresh (X-Tidal-NRI:
                 # registered | connecting): `tidal status` tells which road confines pods from it
                 nri = self.headers.get("X-Tidal-NRI")
-                if nri in ("registered", "connecting"):
+                if nri in ("registered", "connecting") and caller.may_report_runtime:
                     agent.runtime_seen(nri)
                 return self._send(200, agent.assignments())
             if method == "GET" and route == ["workloads"]:
@@ -205,6 +255,12 @@ class _Handler(BaseHTTPRequestHandler):
                 self._send(408, {"error": str(exc)})
             except OSError:
                 pass
+        except _TooLarge as exc:
+            self._drain()
+            self._send(413, {"error": str(exc)})
+        except _Busy as exc:
+            self.close_connection = True
+            self._send(503, {"error": str(exc)})
         except AdmissionError as exc:
             self._send(400, {"error": str(exc)})
         except Forbidden as exc:
@@ -290,7 +346,7 @@ def _notice(body: Any) -> Any:
     return body.get("notice", 60)
 
 
-def _capacity(agent, raw_path: str) -> Any:
+def _capacity(agent, raw_path: str, waiting=lambda wait: wait()) -> Any:
     """GET /v1/capacity[?format=yarn|mesos|mesos-array][&wait_generation=N&timeout=S]
     [&revocable_cpus=X&revocable_mem_mb=Y] (Mesos: what revocable tasks hold, subtracted)."""
     from urllib.parse import parse_qs
@@ -326,7 +382,7 @@ def _capacity(agent, raw_path: str) -> Any:
             raise AdmissionError("wait_generation must be an integer and timeout a number of seconds") from None
         if generation < 0 or not (0 <= timeout <= MAX_WAIT_S):
             raise AdmissionError(f"wait_generation must be >= 0 and timeout within 0..{MAX_WAIT_S:g} s")
-        doc = agent.wait_capacity(generation, timeout)
+        doc = waiting(lambda: agent.wait_capacity(generation, timeout))
     elif "timeout" in params:
         raise AdmissionError("timeout goes with wait_generation")
     else:
@@ -339,33 +395,60 @@ _BUSY = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\
          b"Content-Length: %d\r\n\r\n%s" % (len(_BUSY_BODY), _BUSY_BODY))
 
 
+class _Busy(Exception):
+    """No slot for what the request asks (answered 503, then closed)."""
+
+
 class _Bounded(socketserver.ThreadingMixIn):
-    """At most ``MAX_CONNECTIONS`` at once: the next is answered 503 and closed, so a flood of
-    idle connections costs neither file descriptors nor threads beyond the cap."""
+    """Slots per listener and per peer (``agent.connections``): a connection with no slot is
+    answered 503 and closed at once, so a flood costs neither descriptors nor threads beyond the caps.
+    ``via``: "unix", "plugin" or "tcp"; ``plugin_uid``: the NRI plugin's uid (privileged: it has the
+    reserved slots too)."""
 
     daemon_threads = True
     request_queue_size = BACKLOG
     token: Optional[str] = None
+    via = "unix"
+    plugin_uid: Optional[int] = None
 
     def server_activate(self) -> None:
-        self.slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        self.slots = Slots(MAX_CONNECTIONS, connections.MAX_PER_PEER, connections.RESERVED)
+        self.waiters = Slots(connections.MAX_WAITERS, connections.MAX_WAITERS_PER_PEER, connections.RESERVED)
+        self.peers: Dict[socket.socket, Peer] = {}
+        self.holding: Dict[socket.socket, bool] = {}  # does the connection hold a request slot now
         super().server_activate()
 
+    def privileged(self, peer: Peer) -> bool:
+        return peer.uid == 0 or (peer.uid is not None and peer.uid == self.plugin_uid)
+
     def process_request(self, request, client_address) -> None:
-        if not self.slots.acquire(blocking=False):
+        try:
+            peer = connections.peer_of(request, client_address, self.via)
+        except OSError:
+            self.shutdown_request(request)
+            return
+        if self.via == "plugin" and not self.privileged(peer):
+            allowed = False  # the plugin socket is the plugin's (and root's): its mode says so too
+        else:
+            allowed = self.slots.take(peer.key, self.privileged(peer))
+        if not allowed:
             try:
                 request.sendall(_BUSY)
             except OSError:
                 pass
             self.shutdown_request(request)
             return
+        self.peers[request] = peer
+        self.holding[request] = True
         super().process_request(request, client_address)
 
     def process_request_thread(self, request, client_address) -> None:
         try:
             super().process_request_thread(request, client_address)
         finally:
-            self.slots.release()
+            peer = self.peers.pop(request, None)
+            if self.holding.pop(request, False) and peer is not None:
+                self.slots.give(peer.key)
 
 
 class _UnixServer(_Bounded, socketserver.UnixStreamServer):
@@ -375,21 +458,21 @@ class _UnixServer(_Bounded, socketserver.UnixStreamServer):
 
 
 class _TcpServer(_Bounded, HTTPServer):
-    pass
+    via = "tcp"
 
 
 class Servers:
-    def __init__(self, servers, path: Optional[str]) -> None:
+    def __init__(self, servers, paths) -> None:
         self.servers = servers
-        self.path = path
+        self.paths = [p for p in paths if p]
 
     def close(self) -> None:
         for server in self.servers:
             server.shutdown()
             server.server_close()
-        if self.path:
+        for path in self.paths:
             try:
-                os.unlink(self.path)
+                os.unlink(path)
             except OSError:
                 pass
 
@@ -415,31 +498,59 @@ def _prepare_socket_path(path: str) -> None:
             probe.close()
 
 
+def _listen_unix(path: str, option: str, via: str, agent, owner: Optional[int], group: Optional[int],
+                 mode: int, plugin_uid: Optional[int]) -> "_UnixServer":
+    _prepare_socket_path(path)
+    old_umask = os.umask(0o177)
+    try:
+        server = _UnixServer(path, _Handler, bind_and_activate=False)
+        server.via, server.plugin_uid = via, plugin_uid
+        server.server_bind()
+        server.server_activate()
+    except OSError as exc:
+        raise TidalError(f"{option} {path}: cannot listen: {exc.strerror or exc}") from None
+    finally:
+        os.umask(old_umask)
+    if owner is not None or group is not None:
+        os.chown(path, 0 if owner is None else owner, -1 if group is None else group)
+    os.chmod(path, mode)
+    server.agent = agent
+    return server
+
+
 def serve_agent(agent: AgentFace, socket_path: str, tcp_port: Optional[int] = None, poll_interval: float = 0.5,
-                socket_group: Optional[int] = None, tcp_token: Optional[str] = None) -> Servers:
+                socket_group: Optional[int] = None, tcp_token: Optional[str] = None,
+                plugin_socket: Optional[str] = None, plugin_uid: Optional[int] = None) -> Servers:
     """Serve in daemon threads. ``poll_interval`` is how often an idle server wakes
     to check for shutdown: each wake costs cpu, so the agent keeps it long.
     ``socket_group``: a gid whose members may use the socket (mode 0660) with a user's
-    authority; ``tcp_token``: the bearer token that gives TCP clients root's (see authority)."""
-    _prepare_socket_path(socket_path)
-    old_umask = os.umask(0o177)
-    try:
-        unix = _UnixServer(socket_path, _Handler)
-    except OSError as exc:
-        raise TidalError(f"--socket {socket_path}: cannot listen: {exc.strerror or exc}") from None
-    finally:
-        os.umask(old_umask)
-    if socket_group is not None:
-        os.chown(socket_path, 0, socket_group)
-    os.chmod(socket_path, 0o660 if socket_group is not None else 0o600)
-    unix.agent = agent
+    authority; ``tcp_token``: the bearer token that gives TCP clients root's (see authority);
+    ``plugin_socket``/``plugin_uid``: a read-only socket owned by the NRI plugin's uid (mode 0600),
+    whose peers are the plugin (see authority)."""
+    unix = _listen_unix(socket_path, "--socket", "unix", agent, None, socket_group,
+                        0o660 if socket_group is not None else 0o600, plugin_uid)
     servers = [unix]
+    if plugin_socket is not None:
+        if plugin_uid is None:
+            raise TidalError("--plugin-socket needs --plugin-uid")
+        try:
+            servers.append(_listen_unix(plugin_socket, "--plugin-socket", "plugin", agent, plugin_uid, None, 0o600,
+                                        plugin_uid))
+        except TidalError:
+            unix.server_close()
+            raise
     if tcp_port is not None:
-        tcp = _TcpServer(("127.0.0.1", tcp_port), _Handler)
+        try:
+            tcp = _TcpServer(("127.0.0.1", tcp_port), _Handler)
+        except OSError as exc:
+            for server in servers:
+                server.server_close()
+            raise TidalError(f"--tcp-port {tcp_port}: cannot listen: {exc.strerror or exc}") from None
         tcp.agent = agent
         tcp.token = tcp_token
+        tcp.plugin_uid = plugin_uid
         servers.append(tcp)
     for server in servers:
         threading.Thread(target=server.serve_forever, kwargs={"poll_interval": poll_interval}, name="tidal-api",
                          daemon=True).start()
-    return Servers(servers, socket_path)
+    return Servers(servers, [socket_path, plugin_socket])

@@ -6,9 +6,13 @@ lending): whoever drives it can stop any process on the node. So:
 | caller                                         | may                                                     |
 |------------------------------------------------|---------------------------------------------------------|
 | the unix socket, uid 0 (``SO_PEERCRED``)       | everything                                              |
-| the unix socket, another uid (``--socket-group``) | read; admit workloads (owned by that uid); release and attach only its own; attach only pids it owns; never lend or take back the node |
+| the unix socket, another uid (``--socket-group``) | read; admit workloads (owned by that uid, at most ``--max-workloads-per-user``, never ``system_cores``); release and attach only its own; attach only pids it owns; never lend or take back the node |
+| the plugin socket (``--plugin-socket``), the NRI plugin's uid (``--plugin-uid``) or root | read only; it alone (and root) may say it is registered with the runtime (``X-Tidal-NRI``) |
 | loopback TCP with ``Authorization: Bearer <token>`` (``--tcp-token-file``) | everything          |
-| loopback TCP without it                        | read-only: health, capacity, metrics, status            |
+| loopback TCP without it                        | read-only: health, capacity, metrics, status, openapi.json |
+
+Pods are workloads of the Kubernetes source, named ``pod/<uid>``: a name the
+local API refuses, so no caller can take a pod's name (and its cpus) first.
 
 The socket is mode 0600 (root only) unless ``--socket-group`` opens it to
 one group (0660). The token file must be a regular file owned by root and
@@ -25,21 +29,34 @@ from typing import Optional, Sequence
 
 from agent.errors import Forbidden, TidalError  # noqa: F401 - Forbidden is raised here
 
-TCP_READ_ONLY = (("GET", ("health",)), ("GET", ("status",)), ("GET", ("capacity",)), ("GET", ("metrics",)))
+TCP_READ_ONLY = (("GET", ("health",)), ("GET", ("status",)), ("GET", ("capacity",)), ("GET", ("metrics",)),
+                 ("GET", ("openapi.json",)))
 MIN_TOKEN = 16
 
 
 @dataclass(frozen=True)
 class Caller:
-    via: str  # "unix" or "tcp"
-    uid: Optional[int] = None  # the peer's uid on the unix socket
+    via: str  # "unix", "plugin" (the NRI plugin's socket) or "tcp"
+    uid: Optional[int] = None  # the peer's uid (SO_PEERCRED; on TCP the kernel's socket table, when found)
     token_ok: bool = False  # TCP: a valid bearer token was sent
 
     @property
     def is_root(self) -> bool:
         return (self.via == "unix" and self.uid == 0) or (self.via == "tcp" and self.token_ok)
 
+    @property
+    def is_plugin(self) -> bool:
+        """The NRI plugin: a peer of the plugin socket (only its uid and root can connect there)."""
+        return self.via == "plugin"
+
+    @property
+    def may_report_runtime(self) -> bool:
+        """May this caller say the NRI plugin is registered with the runtime (``X-Tidal-NRI``)?"""
+        return self.is_plugin or (self.via == "unix" and self.uid == 0)
+
     def describe(self) -> str:
+        if self.via == "plugin":
+            return "the NRI plugin"
         return f"uid {self.uid}" if self.via == "unix" else "an unauthenticated TCP client"
 
 
@@ -48,6 +65,10 @@ def check(caller: Caller, method: str, route: Sequence[str]) -> None:
     the ``v1`` prefix; ``("metrics",)`` for /metrics). Ownership checks come later, per workload."""
     if caller.is_root:
         return
+    if caller.is_plugin:
+        if method == "GET":
+            return
+        raise Forbidden(f"{method} /{'/'.join(route)}: the plugin socket is read-only")
     if caller.via == "tcp":
         if (method, tuple(route)) in TCP_READ_ONLY:
             return
@@ -57,6 +78,19 @@ def check(caller: Caller, method: str, route: Sequence[str]) -> None:
         return
     if tuple(route[:1]) == ("node",):
         raise Forbidden(f"{caller.describe()} may not change the node's lending state (root only)")
+
+
+def check_admit(owner: Optional[int], qos: str, owned: int, limit: int) -> None:
+    """May the uid ``owner`` (None: root, or the token holder) admit one more workload of level
+    ``qos``, holding ``owned`` already? Raises ``Forbidden`` naming the rule."""
+    if owner is None:
+        return
+    if qos == "system_cores":
+        raise Forbidden(f"uid {owner} may not admit system_cores workloads (root only: they run beside the "
+                        f"agent on the reserved cpus)")
+    if owned >= limit:
+        raise Forbidden(f"uid {owner} holds {owned} workloads, the most one user may (the agent's "
+                        f"--max-workloads-per-user {limit})")
 
 
 def may_touch(caller: Caller, owner: Optional[int]) -> bool:

@@ -44,6 +44,7 @@ from agent.qrm.assignment import reclaimed_cpus
 from agent.qrm.model import LOCAL, Allocation, QoS
 from agent.qrm.policy import State
 from agent.qrm.state import CheckpointStore
+from agent.statefiles import check_state_dir
 from agent.services.admission import Admission
 from agent.services.enforcement import Enforcement
 from agent.services.eviction import Eviction
@@ -116,6 +117,9 @@ class AgentConfig:
     net: Optional[Any] = None  # isolation.net.policy.NetConfig: shape traffic of these NICs
     socket_group: Optional[int] = None  # a gid whose members may use the socket with a user's authority
     tcp_token: Optional[str] = None  # bearer token that lets TCP clients write (agent.authority)
+    plugin_socket: Optional[str] = None  # a read-only socket for the NRI plugin, owned by plugin_uid
+    plugin_uid: Optional[int] = None  # the NRI plugin's uid: the plugin socket's owner, with reserved slots
+    max_workloads_per_user: int = 64  # workloads one non-root uid may hold through the socket
 
 
 
@@ -242,7 +246,11 @@ class Agent:
                 self.echo(f"tidal agent: cgroup v2 holds no processes where controllers are distributed: moved "
                           f"{len(moved)} process(es) of {self.driver.bases['']} into {cfg.cgroup_base}/system")
         self._build_services()
-        os.makedirs(cfg.state_dir, exist_ok=True)
+        try:
+            os.makedirs(cfg.state_dir, mode=0o700, exist_ok=True)
+        except OSError:
+            pass  # check_state_dir says what is wrong with it
+        check_state_dir(cfg.state_dir)  # one line, before any state file is read
         for warning in (self.harvest.start(), self.lending.load()):
             if warning:
                 self.echo(f"tidal agent: warning: {warning}")
@@ -305,7 +313,7 @@ class Agent:
         if self.pusher is not None:
             self.harvest.on_change = lambda: self.pusher.submit(self.capacity_doc())
         self.admission = Admission(owner, self.enforcement, self.harvest, self.lending, cfg.empty_grace,
-                                   self.counters)
+                                   self.counters, max_per_user=cfg.max_workloads_per_user)
         self.eviction = Eviction(owner, self.enforcement, cfg.eviction_grace, self.admission.forget,
                                  cfg.memory_evict_below, cfg.memory_pressure_threshold)
         self.node = Lending(owner, self.lending, self.eviction, self.harvest, self.enforcement, cfg.online_policy)
@@ -340,6 +348,9 @@ class Agent:
 
     def place(self, name: str, paths) -> None:
         self.admission.place(name, paths)
+
+    def rename(self, old: str, new: str, label: Optional[str] = None) -> None:
+        self.admission.rename(old, new, label)
 
     def owner_of(self, name: str) -> Optional[int]:
         return self.admission.owner_of(name)
@@ -542,7 +553,8 @@ class Agent:
         from agent.api import serve_agent
 
         self._server = serve_agent(self, self.config.socket_path, self.config.tcp_port, self.config.api_poll_interval,
-                                   socket_group=self.config.socket_group, tcp_token=self.config.tcp_token)
+                                   socket_group=self.config.socket_group, tcp_token=self.config.tcp_token,
+                                   plugin_socket=self.config.plugin_socket, plugin_uid=self.config.plugin_uid)
 
     def run(self) -> int:
         from agent import sdnotify

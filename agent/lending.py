@@ -26,20 +26,19 @@ work onto a machine offline work still fills.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 from dataclasses import asdict, dataclass
-from typing import Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
 import math
 import queue
 import threading
 import time
 
-from agent.errors import AdmissionError, StateError, TidalError
+from agent.errors import AdmissionError, TidalError
 from agent.helper_process import run_helper
-from agent.statefiles import NotRegular, keep_bad_copy, read_regular, write_json
+from agent.statefiles import load_json, write_json
 
 from contracts.states import OFFLINE, ONLINE, STATES, TO_OFFLINE, TO_ONLINE  # noqa: F401 - the shared names
 
@@ -92,9 +91,8 @@ def _finite(value, name: str, optional: bool = False) -> Optional[float]:
     return float(value)
 
 
-def parse_node_state(raw: bytes) -> NodeState:
-    """``node.json``'s bytes as a NodeState; ValueError naming what is wrong."""
-    data = json.loads(raw)
+def parse_node_state(data: Any) -> NodeState:
+    """``node.json`` (decoded) as a NodeState; ValueError naming what is wrong."""
     if not isinstance(data, dict):
         raise ValueError(f"expected a JSON object, got {type(data).__name__}")
     if data.get("state") not in STATES:
@@ -116,20 +114,10 @@ class NodeLending:
 
     def load(self) -> Optional[str]:
         """Read ``node.json``; a warning line when it was unusable (see the module docstring)."""
-        try:
-            raw = read_regular(self.path)
-            if raw is None:
-                self.current = NodeState()
-                return None
-            self.current = parse_node_state(raw)
-            return None
-        except NotRegular:
-            raise
-        except (StateError, ValueError, UnicodeDecodeError) as exc:
-            kept = keep_bad_copy(self.path)
-            self.current = NodeState(state=OFFLINE)
-            return (f"{self.path} unusable ({exc}); kept as {kept}; the node is taken to be lent (Offline) "
-                    f"until `tidal node reclaim` takes it back")
+        state, warning = load_json(self.path, parse_node_state, "the node is taken to be lent (Offline) until "
+                                                                "`tidal node reclaim` takes it back")
+        self.current = state if state is not None else NodeState(state=OFFLINE) if warning else NodeState()
+        return warning
 
     def _save(self) -> None:
         write_json(self.path, asdict(self.current))

@@ -13,6 +13,14 @@ Without a level: a Guaranteed pod with whole cpus -> ``dedicated_cores``; a
 pod requesting ``tidal.io/reclaimed-millicpu`` -> ``reclaimed_cores``; any
 other pod -> ``shared_cores``. A malformed annotation is reported (the caller
 records an event on the pod) and the pod gets this default treatment.
+
+A pod's workload is named ``pod/<uid>`` (``workload_name``), the uid the
+kubelet and the runtime know it by (a static pod's is its
+``kubernetes.io/config.mirror`` hash, not its mirror's uid): never shortened,
+never shared with another pod, and never a name the local API accepts. The NRI
+plugin finds a pod's assignment by the same uid. Agents before 0.2 named pods
+``<namespace>.<name>`` cut to 128 bytes (``legacy_workload_name``); a
+restarted agent renames what its checkpoint holds under that name.
 """
 
 from __future__ import annotations
@@ -31,6 +39,8 @@ TIER = "tidal.io/tier"
 KATALYST_QOS = "katalyst.kubewharf.io/qos_level"
 KATALYST_MEMORY = "katalyst.kubewharf.io/memory_enhancement"
 LEVELS = ("dedicated_cores", "shared_cores", "reclaimed_cores", "system_cores")
+MIRROR = "kubernetes.io/config.mirror"
+POD_WORKLOAD = re.compile(r"^pod/[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
 TIERS = ("high", "min", "low")
 
 _QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]+)?)([a-zA-Z]*)$")
@@ -46,12 +56,35 @@ def quantity(value: Any) -> float:
     return float(match.group(1)) * _SUFFIX[match.group(2)]
 
 
+def kubelet_uid(pod: Dict[str, Any]) -> str:
+    """The uid the kubelet runs the pod under: a static pod's config hash (its mirror pod's annotation),
+    else the pod's own uid. Its cgroups and the runtime's sandbox carry this one."""
+    meta = pod.get("metadata") or {}
+    mirror = (meta.get("annotations") or {}).get(MIRROR)
+    return str(mirror) if mirror else str(meta.get("uid", ""))
+
+
+def workload_name(uid: str) -> str:
+    return f"pod/{uid}"
+
+
+def legacy_workload_name(pod: Dict[str, Any]) -> str:
+    """The name agents before 0.2 gave a pod's workload (kept to adopt their checkpoints)."""
+    meta = pod.get("metadata") or {}
+    return f"{meta.get('namespace', 'default')}.{meta.get('name', '')}"[:128]
+
+
+def display_name(pod: Dict[str, Any]) -> str:
+    meta = pod.get("metadata") or {}
+    return f"{meta.get('namespace', 'default')}/{meta.get('name', '')}"
+
+
 @dataclass(frozen=True)
 class PodRequest:
     """What Tidal admits for a pod, and what it asked for in memory (per-NUMA accounting)."""
 
-    workload: str  # the agent's workload name: <namespace>.<name>
-    uid: str
+    workload: str  # the agent's workload name: pod/<uid>
+    uid: str  # the kubelet's uid of the pod (kubelet_uid)
     document: Dict[str, Any]  # a request document for agent.qrm.requests.parse_request
     memory: int  # bytes requested (summed over containers)
     qos_class: str  # Guaranteed, Burstable or BestEffort
@@ -130,7 +163,8 @@ def pod_request(pod: Dict[str, Any], topology_policy: str = "none") -> PodReques
     Under the node's ``single-numa-node`` topology policy a dedicated_cores pod is NUMA-bound,
     whatever its annotations say (the report promises the upstream plugin as much)."""
     meta = pod.get("metadata") or {}
-    name = f"{meta.get('namespace', 'default')}.{meta.get('name', '')}"[:128]
+    uid = kubelet_uid(pod)
+    name = workload_name(uid)
     requests, limits = _resources(pod)
     qos = qos_class(pod)
     memory = int(requests.get("memory", 0))
@@ -148,7 +182,7 @@ def pod_request(pod: Dict[str, Any], topology_policy: str = "none") -> PodReques
             level = "dedicated_cores"
         else:
             level = "shared_cores"
-    doc: Dict[str, Any] = {"name": name, "qos": level}
+    doc: Dict[str, Any] = {"name": name, "qos": level, "label": display_name(pod)}
     if level == "dedicated_cores":
         whole = int(cpu) if cpu >= 1 and float(cpu).is_integer() else 0
         if not whole:
@@ -173,4 +207,4 @@ def pod_request(pod: Dict[str, Any], topology_policy: str = "none") -> PodReques
         doc["millicpu"] = max(1, int(round(cpu * 1000)))
     if level != "reclaimed_cores" and "tier" in options:
         problem = problem or f"{TIER} applies to reclaimed_cores only; ignored"
-    return PodRequest(name, meta.get("uid", ""), doc, memory, qos, problem)
+    return PodRequest(name, uid, doc, memory, qos, problem)

@@ -33,7 +33,7 @@ from typing import Any, Dict, Optional, Tuple
 
 from agent.errors import TidalError
 from agent.k8s import timeouts
-from contracts.pods import PodRequest, pod_request
+from contracts.pods import PodRequest, legacy_workload_name, pod_request
 from contracts.states import CURRENT_ANNOTATION, RECLAIMED_CPU, RECLAIMED_MEMORY, STATE_LABEL
 from agent.qrm.model import KUBERNETES
 from agent.k8s.crd import check_crd
@@ -180,6 +180,13 @@ class KubeNodeAgent:
                 return
             request = pod_request(pod, self.topology_policy)
             held = self.agent.state.get(request.workload)
+            if held is None:  # an older agent's checkpoint names the pod <namespace>.<name>: adopted
+                old = self.agent.state.get(legacy_workload_name(pod))
+                if old is not None and old.source == KUBERNETES:
+                    log.info("pod %s: renaming workload %s to %s", request.document.get("label"), old.name,
+                             request.workload)
+                    self.agent.rename(old.name, request.workload, request.document.get("label"))
+                    held = self.agent.state.get(request.workload)
             if held is not None and held.source == KUBERNETES:
                 self.pods[uid] = request  # admitted before a restart: kept, not admitted again
                 self._place(uid)

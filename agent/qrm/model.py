@@ -62,6 +62,7 @@ class Request:
     tier: Tier = Tier.LOW
     gpus: int = 0
     nic: Optional[str] = None
+    label: Optional[str] = None  # what a person knows the workload by, where its name is an id (a pod's)
 
 
 @dataclass(frozen=True)
@@ -89,6 +90,7 @@ class Allocation:
     tier: Tier = Tier.LOW
     source: str = LOCAL  # who decides when it is gone (see SOURCES)
     owner: Optional[int] = None  # the uid that admitted it through the socket; None: root (agent.authority)
+    label: Optional[str] = None  # a pod's namespace/name (its name is pod/<uid>)
 
     def to_dict(self) -> Dict[str, object]:
         return {
@@ -96,7 +98,7 @@ class Allocation:
             "mems": list(self.mems), "nodes": list(self.nodes), "gpus": list(self.gpus),
             "numa_binding": self.numa_binding, "numa_exclusive": self.numa_exclusive,
             "reclaim_allowed": self.reclaim_allowed, "tier": self.tier.value, "source": self.source,
-            "owner": self.owner,
+            "owner": self.owner, **({"label": self.label} if self.label is not None else {}),
         }
 
     @classmethod
@@ -109,6 +111,7 @@ class Allocation:
             reclaim_allowed=bool(data.get("reclaim_allowed", False)), tier=Tier(data.get("tier", "low")),
             source=str(data.get("source", LOCAL)),
             owner=None if data.get("owner") is None else int(data["owner"]),
+            label=None if data.get("label") is None else str(data["label"]),
         )
 
 

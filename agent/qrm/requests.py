@@ -11,24 +11,79 @@ Accepted shapes (JSON objects)::
 Katalyst's enhancement values are JSON strings whose values are the strings
 ``"true"``/``"false"``, as in its pod annotations; real booleans are accepted
 too. Every problem raises ``AdmissionError`` naming the request and field.
+
+Names: a local workload's name is a directory of Tidal's cgroup tree
+(``tidal/shared/<name>``), so it may not be a cgroup control file's name
+(``tasks``, ``cgroup.procs``, ``cpu.shares``, ``memory.limit_in_bytes``: any
+name whose first dotted part is a controller's). A pod's workload is named
+``pod/<uid>`` by its source (``contracts.pods``): no local name can be one,
+so no caller can take a pod's name first.
+
+Numbers are bounded by the machine (``Limits``, from its topology): a request
+for more cpus, millicpu or GPUs than the node has is refused here, once.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import re
-from typing import Any, Dict, List, Mapping
+from dataclasses import dataclass
+from typing import Any, Dict, List, Mapping, Optional
 
 from agent.errors import AdmissionError
 from agent.qrm.model import QoS, Request, Tier
+from contracts.jsonbound import BoundError, loads_bounded
+from contracts.pods import POD_WORKLOAD
 
 KATALYST_QOS = "katalyst.kubewharf.io/qos_level"
 KATALYST_ENHANCEMENTS = ("memory_enhancement", "cpu_enhancement", "katalyst.kubewharf.io/memory_enhancement",
                          "katalyst.kubewharf.io/cpu_enhancement")
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+# the first dotted part of a cgroup control file's name, in v1 and v2 (a workload's cgroup is a directory
+# beside them); and the files with no dot
+CONTROL_PREFIXES = frozenset({"cgroup", "cpu", "cpuacct", "cpuset", "memory", "io", "blkio", "pids", "hugetlb",
+                              "rdma", "misc", "net_cls", "net_prio", "devices", "freezer", "perf_event"})
+CONTROL_FILES = frozenset({"tasks", "notify_on_release", "release_agent"})
+
+
+def stored_name_ok(name: str, pod: bool) -> bool:
+    """May a checkpoint hold this name? A pod's may also be an older agent's ``<namespace>.<name>``
+    (renamed once its pod is listed again); a local one must still pass ``check_name``."""
+    try:
+        check_name(name, pod)
+        return True
+    except AdmissionError:
+        return pod and bool(NAME.fullmatch(name))
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The most any request may ask on this machine."""
+
+    cpus: int = 1 << 16
+    gpus: int = 1 << 10
+
+
+def machine_limits(topo) -> Limits:
+    return Limits(cpus=max(1, len(topo.online_cpus())), gpus=len(topo.gpus))
+
+
+def check_name(name: Any, pod: bool = False) -> str:
+    """A workload name, or ``AdmissionError`` saying why not (``pod``: a pod source's ``pod/<uid>``)."""
+    if pod:
+        if not isinstance(name, str) or not POD_WORKLOAD.fullmatch(name):
+            raise AdmissionError(f"pod workload name must match {POD_WORKLOAD.pattern}, got {name!r}")
+        return name
+    if not isinstance(name, str) or not NAME.fullmatch(name):
+        raise AdmissionError(f"request name must match {NAME.pattern}, got {name!r}")
+    if name.split(".", 1)[0] in CONTROL_PREFIXES or name in CONTROL_FILES:
+        raise AdmissionError(f"request name {name!r} is a cgroup control file's name (its first dotted part "
+                             f"may not be a controller's, e.g. cpu., memory., cgroup.; nor tasks)")
+    return name
 KNOWN_KEYS = {"name", "qos", KATALYST_QOS, "cpus", "millicpu", "numa_binding", "numa_exclusive", "single_numa_node",
               "require_whole_cores", "reclaim_allowed", "tier", "gpus", "nic", *KATALYST_ENHANCEMENTS}
+POD_KEYS = {"label"}  # only the pod source names these (a pod's namespace/name)
+LABEL = re.compile(r"^[a-z0-9][a-z0-9.-]{0,62}/[a-z0-9][a-z0-9.-]{0,252}$")
 
 
 def _flag(owner: str, key: str, value: Any) -> bool:
@@ -39,11 +94,16 @@ def _flag(owner: str, key: str, value: Any) -> bool:
     raise AdmissionError(f"request {owner!r}: {key} must be true or false, got {value!r}")
 
 
-def _count(owner: str, key: str, value: Any, *, allow_fraction: bool = False) -> float:
+def _count(owner: str, key: str, value: Any, most: float, *, allow_fraction: bool = False) -> float:
+    """A positive number no larger than ``most`` (the machine's own size); whole unless ``allow_fraction``."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise AdmissionError(f"request {owner!r}: {key} must be a number, got {value!r}")
-    if not math.isfinite(value) or value <= 0:
+        raise AdmissionError(f"request {owner!r}: {key} must be a number, got {str(value)[:40]!r}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise AdmissionError(f"request {owner!r}: {key} must be a finite number")
+    if value <= 0:
         raise AdmissionError(f"request {owner!r}: {key} must be positive, got {value!r}")
+    if value > most:  # compared before any conversion: a huge integer never reaches float() or int()
+        raise AdmissionError(f"request {owner!r}: asks {str(value)[:40]} {key}; this node has {most:g}")
     if not allow_fraction and value != int(value):
         raise AdmissionError(f"request {owner!r}: {key} must be a whole number, got {value!r}")
     return value
@@ -57,9 +117,9 @@ def _enhancements(owner: str, doc: Mapping[str, Any]) -> Dict[str, bool]:
         raw = doc[key]
         if isinstance(raw, str):
             try:
-                raw = json.loads(raw)
-            except json.JSONDecodeError as exc:
-                raise AdmissionError(f"request {owner!r}: {key} is not JSON: {exc.msg}") from None
+                raw = loads_bounded(raw)
+            except BoundError as exc:
+                raise AdmissionError(f"request {owner!r}: {key} is not JSON: {exc}") from None
         if not isinstance(raw, dict):
             raise AdmissionError(f"request {owner!r}: {key} must be a JSON object")
         for option in ("numa_binding", "numa_exclusive"):
@@ -68,16 +128,18 @@ def _enhancements(owner: str, doc: Mapping[str, Any]) -> Dict[str, bool]:
     return result
 
 
-def parse_request(doc: Any) -> Request:
-    """Validate one request document."""
+def parse_request(doc: Any, limits: Optional[Limits] = None, pod: bool = False) -> Request:
+    """Validate one request document (``limits``: the machine's; ``pod``: from the pod source)."""
     if not isinstance(doc, dict):
         raise AdmissionError(f"a request must be a JSON object, got {type(doc).__name__}")
-    name = doc.get("name")
-    if not isinstance(name, str) or not NAME.fullmatch(name):
-        raise AdmissionError(f"request name must match {NAME.pattern}, got {name!r}")
-    unknown = sorted(set(doc) - KNOWN_KEYS)
+    limits = limits or Limits()
+    name = check_name(doc.get("name"), pod)
+    unknown = sorted(set(doc) - KNOWN_KEYS - (POD_KEYS if pod else set()))
     if unknown:
-        raise AdmissionError(f"request {name!r}: unknown field(s) {', '.join(unknown)}")
+        raise AdmissionError(f"request {name!r}: unknown field(s) {', '.join(u[:40] for u in unknown[:8])}")
+    label = doc.get("label")
+    if label is not None and not (isinstance(label, str) and LABEL.fullmatch(label)):
+        raise AdmissionError(f"request {name!r}: label must be <namespace>/<pod name>, got {str(label)[:80]!r}")
     level = doc.get("qos", doc.get(KATALYST_QOS))
     if level is None:
         raise AdmissionError(f"request {name!r}: missing qos (one of {', '.join(q.value for q in QoS)})")
@@ -85,7 +147,7 @@ def parse_request(doc: Any) -> Request:
         qos = QoS(level)
     except ValueError:
         raise AdmissionError(
-            f"request {name!r}: unknown qos {level!r} (one of {', '.join(q.value for q in QoS)})") from None
+            f"request {name!r}: unknown qos {str(level)[:40]!r} (one of {', '.join(q.value for q in QoS)})") from None
     options = _enhancements(name, doc)
     for key in ("numa_binding", "numa_exclusive", "single_numa_node", "require_whole_cores", "reclaim_allowed"):
         if key in doc:
@@ -95,25 +157,26 @@ def parse_request(doc: Any) -> Request:
         try:
             tier = Tier(doc["tier"])
         except ValueError:
-            raise AdmissionError(f"request {name!r}: unknown tier {doc['tier']!r} (high, min or low)") from None
+            raise AdmissionError(f"request {name!r}: unknown tier {str(doc['tier'])[:40]!r} (high, min or low)") from None
         if qos is not QoS.RECLAIMED:
             raise AdmissionError(f"request {name!r}: tier applies to reclaimed_cores only")
-    gpus = int(_count(name, "gpus", doc["gpus"])) if "gpus" in doc else 0
+    gpus = int(_count(name, "gpus", doc["gpus"], limits.gpus)) if "gpus" in doc else 0
     nic = doc.get("nic")
     if nic is not None and not isinstance(nic, str):
         raise AdmissionError(f"request {name!r}: nic must be an interface name")
 
+    most_millicpu = limits.cpus * 1000
     if qos is QoS.DEDICATED:
         if "millicpu" in doc and "cpus" not in doc:
-            millicpu = _count(name, "millicpu", doc["millicpu"])
+            millicpu = _count(name, "millicpu", doc["millicpu"], most_millicpu)
             if millicpu % 1000:
                 raise AdmissionError(f"request {name!r}: dedicated_cores needs whole cpus, got {millicpu} millicpu")
             cpus = int(millicpu // 1000)
         elif "cpus" in doc:
-            value = doc["cpus"]
-            if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0 and value != int(value):
+            value = _count(name, "cpus", doc["cpus"], limits.cpus, allow_fraction=True)
+            if value != int(value):
                 raise AdmissionError(f"request {name!r}: dedicated_cores needs whole cpus, got {value}")
-            cpus = int(_count(name, "cpus", value))
+            cpus = int(value)
         else:
             raise AdmissionError(f"request {name!r}: dedicated_cores needs cpus")
         if options.get("numa_exclusive") or options.get("single_numa_node"):
@@ -123,40 +186,36 @@ def parse_request(doc: Any) -> Request:
                        numa_exclusive=options.get("numa_exclusive", False),
                        single_numa_node=options.get("single_numa_node", False),
                        require_whole_cores=options.get("require_whole_cores", False),
-                       reclaim_allowed=options.get("reclaim_allowed", False))
+                       reclaim_allowed=options.get("reclaim_allowed", False), label=label)
     for option in ("numa_binding", "numa_exclusive", "single_numa_node", "require_whole_cores", "reclaim_allowed"):
         if options.get(option):
             raise AdmissionError(f"request {name!r}: {option} applies to dedicated_cores only")
     if gpus:
         raise AdmissionError(f"request {name!r}: gpus apply to dedicated_cores only")
     if qos is QoS.SYSTEM:
-        millicpu = int(_count(name, "millicpu", doc["millicpu"])) if "millicpu" in doc else 0
-        return Request(name=name, qos=qos, millicpu=millicpu)
+        millicpu = int(_count(name, "millicpu", doc["millicpu"], most_millicpu)) if "millicpu" in doc else 0
+        return Request(name=name, qos=qos, millicpu=millicpu, label=label)
     if "cpus" in doc:
-        millicpu = round(_count(name, "cpus", doc["cpus"], allow_fraction=True) * 1000)
+        millicpu = round(_count(name, "cpus", doc["cpus"], limits.cpus, allow_fraction=True) * 1000)
     elif "millicpu" in doc:
-        millicpu = int(_count(name, "millicpu", doc["millicpu"]))
+        millicpu = int(_count(name, "millicpu", doc["millicpu"], most_millicpu))
     else:
         raise AdmissionError(f"request {name!r}: {qos.value} needs millicpu (or cpus)")
-    return Request(name=name, qos=qos, millicpu=millicpu, tier=tier)
+    return Request(name=name, qos=qos, millicpu=millicpu, tier=tier, label=label)
 
 
-def parse_requests(text: str, source: str = "requests") -> List[Request]:
+def parse_requests(text: str, source: str = "requests", limits: Optional[Limits] = None) -> List[Request]:
     """A JSON list of request documents (a repeated name is the policy's to reject)."""
     try:
-        docs = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise AdmissionError(f"{source}: malformed JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
-    except ValueError as exc:  # e.g. an integer of more than 4,300 digits
-        raise AdmissionError(f"{source}: {exc}") from None
-    except RecursionError:
-        raise AdmissionError(f"{source}: JSON nested too deeply") from None
+        docs = loads_bounded(text)
+    except BoundError as exc:
+        raise AdmissionError(f"{source}: malformed JSON: {exc}") from None
     if not isinstance(docs, list):
         raise AdmissionError(f"{source}: expected a JSON list of requests")
     requests = []
     for index, doc in enumerate(docs):
         try:
-            requests.append(parse_request(doc))
+            requests.append(parse_request(doc, limits))
         except AdmissionError as exc:
             raise AdmissionError(f"{source}: item {index}: {exc}") from None
     return requests

@@ -34,13 +34,14 @@ import logging
 import os
 import threading
 from dataclasses import dataclass, replace
-from typing import Callable, List, Optional, Tuple
+from typing import Any, Callable, List, Optional, Tuple
 
 from agent.errors import StateError
-from agent.statefiles import keep_bad_copy, read_regular, write_atomic
+from agent.statefiles import Unusable, keep_bad_copy, read_json, write_atomic
+from contracts.jsonbound import BoundError, loads_bounded
 from agent.qrm.assignment import memory_nodes
-from agent.qrm.model import SOURCES, Allocation, QoS
-from agent.qrm.requests import NAME
+from agent.qrm.model import KUBERNETES, SOURCES, Allocation, QoS
+from agent.qrm.requests import stored_name_ok
 from agent.qrm.policy import POLICY, State, initial_state
 from agent.topology import Topology
 from agent.topology.parse import format_cpulist
@@ -88,9 +89,14 @@ class CorruptCheckpoint(ValueError):
 def decode(raw: bytes) -> Tuple[State, str]:
     """``(state, topology fingerprint)``; ``CorruptCheckpoint`` with the reason otherwise."""
     try:
-        doc = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        doc = loads_bounded(raw, max_depth=8)
+    except BoundError as exc:
         raise CorruptCheckpoint(f"not JSON ({exc})") from None
+    return decode_doc(doc)
+
+
+def decode_doc(doc: Any) -> Tuple[State, str]:
+    """A decoded checkpoint document as ``(state, topology fingerprint)``."""
     if not isinstance(doc, dict):
         raise CorruptCheckpoint("not a JSON object")
     if doc.get("version") != VERSION:
@@ -123,8 +129,8 @@ def validate(state: State, topo: Topology) -> None:
     names = set()
     owner = {c: "the reserved pool" for c in state.reserved}
     for alloc in state.allocations:
-        if not NAME.fullmatch(alloc.name):
-            raise CorruptCheckpoint(f"workload name {alloc.name!r} does not match {NAME.pattern}")
+        if not stored_name_ok(alloc.name, alloc.source == KUBERNETES):
+            raise CorruptCheckpoint(f"workload name {alloc.name[:160]!r} is not one its source gives")
         if alloc.name in names:
             raise CorruptCheckpoint(f"workload {alloc.name!r} appears twice")
         names.add(alloc.name)
@@ -164,7 +170,8 @@ def salvage(state: State, topo: Topology) -> Tuple[State, List[str]]:
             alloc = replace(alloc, mems=every)
         cpus = set(alloc.cpus)
         ok = (cpus <= online and not (cpus & taken) and set(alloc.mems) <= numa_ids and set(alloc.nodes) <= numa_ids
-              and bool(NAME.fullmatch(alloc.name)) and alloc.name not in names and alloc.source in SOURCES
+              and stored_name_ok(alloc.name, alloc.source == KUBERNETES) and alloc.name not in names
+              and alloc.source in SOURCES
               and (not cpus or alloc.qos is QoS.DEDICATED))
         if alloc.qos is QoS.DEDICATED and alloc.numa_binding and ok:
             ok = all(topo.cpu(c).numa in alloc.mems for c in cpus)
@@ -229,10 +236,10 @@ class CheckpointStore:
         """Load, salvage or recover the state (see module docstring). Never raises for bad content."""
         self._remove_stale_temp_files()
         try:
-            raw = read_regular(self.path)  # a FIFO or directory here is one error line, never a hang
-        except StateError as exc:
-            raise StateError(f"cannot read checkpoint: {exc}") from None
-        if raw is None:
+            doc = read_json(self.path)  # a FIFO or directory here is kept aside, never a hang or a stop
+        except Unusable as exc:
+            return self._recover(topo, reserved, recover, exc)
+        if doc is None:
             # no checkpoint: a first start, or one deleted under a running node. The kernel's tree
             # says which: workloads found there are kept (confined), not dropped and moved out
             recovered = recover(topo) if recover else None
@@ -246,7 +253,7 @@ class CheckpointStore:
             self._current = state
             return LoadResult(state, (), "empty")
         try:
-            state, fingerprint = decode(raw)
+            state, fingerprint = decode_doc(doc)
         except CorruptCheckpoint as exc:
             return self._recover(topo, reserved, recover, exc)
         if fingerprint == topology_fingerprint(topo):

@@ -19,13 +19,12 @@ Pure except for ``HourlyHistory``'s file; the caller passes the clock.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Deque, Dict, Optional, Tuple
+from typing import Any, Deque, Dict, Optional, Tuple
 
 from contracts.headroom import DEFAULT_BUFFER, online_estimate
 
@@ -36,9 +35,8 @@ MEMORY_STEP = 512 * MIB
 _HOUR = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}$")
 
 
-def parse_history(raw: bytes) -> Dict[str, Tuple[int, int]]:
-    """``history.json``: ``{"hours": {"YYYY-MM-DDTHH": [peak millicpu, peak bytes]}}``, validated."""
-    data = json.loads(raw)
+def parse_history(data: Any) -> Dict[str, Tuple[int, int]]:
+    """``history.json`` (decoded): ``{"hours": {"YYYY-MM-DDTHH": [peak millicpu, peak bytes]}}``, validated."""
     hours = data.get("hours") if isinstance(data, dict) else None
     if not isinstance(hours, dict):
         raise ValueError('expected {"hours": {"YYYY-MM-DDTHH": [millicpu, bytes], ...}}')
@@ -80,21 +78,11 @@ class HourlyHistory:
         the estimate falls back to requests until usage is measured)."""
         if not self.path:
             return None
-        from agent.errors import StateError
-        from agent.statefiles import NotRegular, keep_bad_copy, read_regular
+        from agent.statefiles import load_json
 
-        self.hours = {}
-        try:
-            raw = read_regular(self.path)
-            if raw is None:
-                return None
-            self.hours = parse_history(raw)
-            return None
-        except NotRegular:
-            raise
-        except (StateError, ValueError, UnicodeDecodeError) as exc:
-            kept = keep_bad_copy(self.path)
-            return f"{self.path} unusable ({exc}); kept as {kept}; usage history starts empty"
+        hours, warning = load_json(self.path, parse_history, "usage history starts empty")
+        self.hours = hours or {}
+        return warning
 
     def save(self) -> None:
         if not self.path:

@@ -22,9 +22,10 @@ from agent.errors import AdmissionError, Conflict, NotFound, Unfit
 from agent.isolation.cgroups.detect import CgroupError
 from agent.lending import OFFLINE, TO_OFFLINE, TO_ONLINE, NodeLending
 from agent.qrm.assignment import assignment
-from agent.qrm.model import LOCAL, SOURCES, Allocation, QoS, Rejection
+from agent.authority import check_admit
+from agent.qrm.model import KUBERNETES, LOCAL, SOURCES, Allocation, QoS, Rejection
 from agent.qrm.policy import allocate, release
-from agent.qrm.requests import parse_request
+from agent.qrm.requests import machine_limits, parse_request
 from agent.services.enforcement import Enforcement
 from agent.services.harvest import Harvest
 from agent.services.owner import StateOwner
@@ -35,13 +36,14 @@ log = logging.getLogger("tidal.agent")
 
 class Admission:
     def __init__(self, owner: StateOwner, enforcement: Enforcement, harvest: Harvest, lending: NodeLending,
-                 empty_grace: float, counters: Dict[str, int]) -> None:
+                 empty_grace: float, counters: Dict[str, int], max_per_user: int = 64) -> None:
         self.owner = owner
         self.enforcement = enforcement
         self.harvest = harvest
         self.lending = lending
         self.empty_grace = empty_grace
         self.counters = counters
+        self.max_per_user = max_per_user
         self.seen_procs: Dict[str, bool] = {}
         self.created_at: Dict[str, float] = {}
 
@@ -61,9 +63,14 @@ class Admission:
         tree, later says when the workload is gone."""
         if source not in SOURCES:
             raise ValueError(f"unknown workload source {source!r}")
-        request = parse_request(doc)  # AdmissionError -> 400
         state_owner = self.owner
+        # a pod's workload is named by its source (contracts.pods); the local API's names never look like one
+        request = parse_request(doc, limits=machine_limits(state_owner.topology),
+                                pod=source == KUBERNETES)  # AdmissionError -> 400
         with state_owner.lock:
+            if owner is not None:
+                owned = sum(1 for a in state_owner.state.allocations if a.owner == owner)
+                check_admit(owner, request.qos.value, owned, self.max_per_user)  # Forbidden -> 403
             node = self.lending.current.state
             if node in (TO_OFFLINE, TO_ONLINE):
                 raise Conflict(f"the node is {node}: nothing new is placed during a transition")
@@ -75,7 +82,7 @@ class Admission:
                 if "already in use" in decision.reason:
                     raise Conflict(decision.reason)
                 raise Unfit(f"{decision.name}: {decision.reason}")
-            decision = replace(decision, source=source, owner=owner)
+            decision = replace(decision, source=source, owner=owner, label=request.label)
             state_owner.commit(self.harvest.with_capacity(state_owner.state.with_allocation(decision)))
             self.created_at[decision.name] = time.monotonic()
             self.seen_procs[decision.name] = False
@@ -102,6 +109,27 @@ class Admission:
             failed = [f for f in report.failed if f[0] in paths]
             if failed:  # released from the state; the kernel kept its cgroup (the next pass tries again)
                 raise CgroupError(f"{name} released, but its cgroup was not removed: {failed[0][2]}")
+
+    def rename(self, old: str, new: str, label: Optional[str] = None) -> None:
+        """Give a workload of another source the name its source now gives it (a pod an older agent
+        named ``<namespace>.<name>``, now ``pod/<uid>``): same cpus, same everything, no kernel write."""
+        owner = self.owner
+        with owner.lock:
+            alloc = owner.state.get(old)
+            if alloc is None:
+                raise NotFound(f"no workload named {old!r}")
+            if alloc.source == LOCAL:
+                raise Conflict(f"{old} is a local workload: its name is its cgroup's")
+            if owner.state.get(new) is not None:
+                raise Conflict(f"name {new!r} is already in use")
+            renamed = tuple(replace(a, name=new, label=label) if a.name == old else a
+                            for a in owner.state.allocations)
+            owner.commit(replace(owner.state, allocations=renamed))
+            if old in owner.placements:
+                owner.placements[new] = owner.placements.pop(old)
+            for table in (self.created_at, self.seen_procs):
+                if old in table:
+                    table[new] = table.pop(old)
 
     def place(self, name: str, paths) -> None:
         """Say where a workload's processes live (cgroups its source's owner made, parent first,
@@ -152,7 +180,7 @@ class Admission:
         paths = self.enforcement.cgroups_of(alloc)
         path = paths[0] if paths else None
         return {
-            "name": alloc.name, "qos": alloc.qos.value, "millicpu": alloc.millicpu, "source": alloc.source,
+            "name": alloc.name, "label": alloc.label, "qos": alloc.qos.value, "millicpu": alloc.millicpu, "source": alloc.source,
             "cpus": format_cpulist(given.cpus), "mems": format_cpulist(given.mems),
             "tier": alloc.tier.value if alloc.qos is QoS.RECLAIMED else None,
             "numa_binding": alloc.numa_binding, "numa_exclusive": alloc.numa_exclusive, "gpus": list(alloc.gpus),

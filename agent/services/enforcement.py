@@ -13,16 +13,15 @@ import logging
 import os
 import time
 from dataclasses import replace
-from typing import Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
-from agent.errors import StateError
 from agent.isolation.cgroups.desired import CgroupOptions, desired_tree, harvests, partitions
 from agent.isolation.cgroups.driver import CgroupDriver
 from agent.isolation.cgroups.layout import workload_path
 from agent.isolation.cgroups.reconcile import Reconciler, ReconcileReport
 from agent.qrm.model import LOCAL, Allocation
 from agent.services.owner import StateOwner
-from agent.statefiles import NotRegular, keep_bad_copy, read_regular, write_json
+from agent.statefiles import load_json, write_json
 
 log = logging.getLogger("tidal.agent")
 
@@ -133,26 +132,19 @@ class Enforcement:
 
     def load_originals(self) -> Optional[str]:
         """Adopt the saved originals; a warning line when the file is unusable (kept as .bad-N)."""
-        try:
-            raw = read_regular(self.originals_path)
-            if raw is None:
-                return None
-            import json
-
-            data = json.loads(raw)
+        def parse(data: Any) -> list:
             rows = data.get("originals") if isinstance(data, dict) else None
             if not isinstance(rows, list) or not all(
                     isinstance(r, list) and len(r) == 4 and all(isinstance(x, str) for x in r[:3])
                     and (r[3] is None or isinstance(r[3], str)) for r in rows):
                 raise ValueError("expected {\"originals\": [[path, controller, file, value], ...]}")
+            return rows
+
+        rows, warning = load_json(self.originals_path, parse, "original values of others' cgroups written before "
+                                                              "are not known")
+        if rows is not None:
             self.reconciler.adopt({"originals": rows})
-            return None
-        except NotRegular:
-            raise
-        except (StateError, ValueError, UnicodeDecodeError) as exc:
-            kept = keep_bad_copy(self.originals_path)
-            return f"{self.originals_path} unusable ({exc}); kept as {kept}; original values of others' cgroups " \
-                   f"written before are not known"
+        return warning
 
     def save_originals(self) -> None:
         data = self.reconciler.export()

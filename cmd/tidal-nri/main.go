@@ -13,6 +13,14 @@
 //
 // The agent's own writes of the pod's cgroups (the kubelet-cgroups road) go on: they write what this
 // plugin applies, so the two agree; where NRI is absent, that road alone confines pods.
+//
+// A pod's workload is "pod/<uid>", the uid the runtime gives the sandbox (the kubelet's: a static pod's
+// config hash): never a name another client of the agent could take. What the agent answers is checked
+// before the runtime sees it: cpus among the node's online cpus, mems among its nodes with memory, else
+// no adjustment (and a log line); the runtime is never handed a cpuset the kernel would refuse.
+//
+// The plugin needs no root: it reads the agent's read-only plugin socket (the agent's --plugin-socket,
+// owned by the plugin's uid) and talks to the runtime's NRI socket.
 package main
 
 import (
@@ -25,6 +33,8 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -58,16 +68,82 @@ type plugin struct {
 	containers map[string]*tracked // container id -> what it was given
 	known      bool                // at least one answer from the agent
 	registered bool                // the runtime synchronized with this plugin (and has not closed)
+
+	cpus map[int]bool // the node's online cpus: an assignment outside them is refused
+	mems map[int]bool // its NUMA nodes with memory
 }
 
-// workloadName is the name the agent gives a pod's workload: "<namespace>.<name>", at most 128 bytes
-// (contracts/pods.py).
+// workloadName is the name the agent gives a pod's workload: "pod/<uid>" (contracts/pods.py).
 func workloadName(pod *api.PodSandbox) string {
-	name := pod.GetNamespace() + "." + pod.GetName()
-	if len(name) > 128 {
-		name = name[:128]
+	return "pod/" + pod.GetUid()
+}
+
+// parseCPUList reads the kernel's list format ("0-3,8"); bounded so a hostile answer cannot make it
+// allocate without limit.
+func parseCPUList(text string) (map[int]bool, error) {
+	out := map[int]bool{}
+	text = strings.TrimSpace(text)
+	if text == "" {
+		return out, nil
 	}
-	return name
+	for _, part := range strings.Split(text, ",") {
+		lo, hi, found := strings.Cut(part, "-")
+		a, err := strconv.Atoi(lo)
+		if err != nil || a < 0 {
+			return nil, fmt.Errorf("bad cpu list %q", text)
+		}
+		b := a
+		if found {
+			if b, err = strconv.Atoi(hi); err != nil || b < a {
+				return nil, fmt.Errorf("bad cpu list %q", text)
+			}
+		}
+		if b >= 1<<16 || len(out)+(b-a) > 1<<16 {
+			return nil, fmt.Errorf("cpu list %q is larger than any node", text)
+		}
+		for i := a; i <= b; i++ {
+			out[i] = true
+		}
+	}
+	return out, nil
+}
+
+func readList(path string) map[int]bool {
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return nil
+	}
+	set, err := parseCPUList(string(raw))
+	if err != nil {
+		return nil
+	}
+	return set
+}
+
+// valid says why the agent's answer for a workload cannot go to the runtime ("" when it can).
+func (p *plugin) valid(g given) string {
+	cpus, err := parseCPUList(g.Cpus)
+	if err != nil || len(cpus) == 0 {
+		return fmt.Sprintf("cpus %q: not a cpu list", g.Cpus)
+	}
+	for c := range cpus {
+		if p.cpus != nil && !p.cpus[c] {
+			return fmt.Sprintf("cpus %q: cpu %d is not an online cpu of this node", g.Cpus, c)
+		}
+	}
+	mems, err := parseCPUList(g.Mems)
+	if err != nil {
+		return fmt.Sprintf("mems %q: not a node list", g.Mems)
+	}
+	for m := range mems {
+		if p.mems != nil && !p.mems[m] {
+			return fmt.Sprintf("mems %q: node %d has no memory here", g.Mems, m)
+		}
+	}
+	if g.CPUShares != nil && (*g.CPUShares < 2 || *g.CPUShares > 262144) {
+		return fmt.Sprintf("cpu_shares %d: outside 2..262144", *g.CPUShares)
+	}
+	return ""
 }
 
 func (p *plugin) fetch(timeout time.Duration) (map[string]given, error) {
@@ -119,8 +195,20 @@ func (p *plugin) refresh(timeout time.Duration) error {
 func (p *plugin) lookup(name string) (given, bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	return p.usable(name)
+}
+
+// usable: the assignment of a workload, if the agent has one and it may go to the runtime (p.mu held).
+func (p *plugin) usable(name string) (given, bool) {
 	g, ok := p.assigned[name]
-	return g, ok && g.Cpus != ""
+	if !ok || g.Cpus == "" {
+		return g, false
+	}
+	if why := p.valid(g); why != "" {
+		log.Printf("%s: the agent's assignment is refused: %s (no adjustment)", name, why)
+		return g, false
+	}
+	return g, true
 }
 
 func adjustment(g given) *api.ContainerAdjustment {
@@ -194,7 +282,7 @@ func (p *plugin) Synchronize(_ context.Context, pods []*api.PodSandbox, ctrs []*
 		}
 		t := &tracked{workload: workloadName(pod)}
 		p.containers[ctr.GetId()] = t
-		if g, ok := p.assigned[t.workload]; ok && g.Cpus != "" {
+		if g, ok := p.usable(t.workload); ok {
 			t.applied = g
 			updates = append(updates, update(ctr.GetId(), g))
 		}
@@ -233,8 +321,8 @@ func (p *plugin) follow(ctx context.Context, every time.Duration) {
 		var updates []*api.ContainerUpdate
 		p.mu.Lock()
 		for id, t := range p.containers {
-			g, ok := p.assigned[t.workload]
-			if ok && g.Cpus != "" && (g.Cpus != t.applied.Cpus || g.Mems != t.applied.Mems ||
+			g, ok := p.usable(t.workload)
+			if ok && (g.Cpus != t.applied.Cpus || g.Mems != t.applied.Mems ||
 				!sameShares(g.CPUShares, t.applied.CPUShares)) {
 				updates = append(updates, update(id, g))
 				t.applied = g
@@ -257,7 +345,8 @@ func sameShares(a, b *int64) bool {
 }
 
 func main() {
-	agentSocket := flag.String("agent-socket", "/run/tidal/tidal.sock", "the Tidal agent's API socket")
+	agentSocket := flag.String("agent-socket", "/run/tidal/plugin.sock", "the Tidal agent's plugin socket (read-only)")
+	sysRoot := flag.String("sys", "/sys", "where sysfs is (the node's online cpus and memory nodes)")
 	nriSocket := flag.String("nri-socket", "/var/run/nri/nri.sock", "the runtime's NRI socket")
 	pluginIdx := flag.String("index", "10", "the plugin's index (order among NRI plugins)")
 	refresh := flag.Duration("refresh", 250*time.Millisecond, "how often the copy of the agent's assignments is refreshed")
@@ -270,6 +359,8 @@ func main() {
 		timeout:    *agentTimeout,
 		assigned:   map[string]given{},
 		containers: map[string]*tracked{},
+		cpus:       readList(*sysRoot + "/devices/system/cpu/online"),
+		mems:       readList(*sysRoot + "/devices/system/node/has_memory"),
 		agent: &http.Client{Transport: &http.Transport{
 			DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 				var d net.Dialer

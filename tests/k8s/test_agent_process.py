@@ -71,7 +71,9 @@ class AgentProcess:
         from agent.client import AgentClient
 
         assert self.proc.poll() is None, f"agent {self.name} exited:\n{self.log()}"
-        return {w["name"]: w for w in AgentClient(self.socket, timeout=10).request("GET", "/v1/workloads")["workloads"]}
+        # a pod's workload is named pod/<uid>; tests know pods by <namespace>/<name>, its label
+        return {w.get("label") or w["name"]: w
+                for w in AgentClient(self.socket, timeout=10).request("GET", "/v1/workloads")["workloads"]}
 
     def log(self):
         with open(self.log_path) as handle:
@@ -162,7 +164,7 @@ def test_the_daemonset_agent_keeps_its_pods_and_frees_them_on_deletion(plane, ap
         names = [f"db-{tag}-{i}" for i in range(3)]
         for name in names:
             core.create_namespaced_pod("default", bound_pod(name, hw_node, 4, numa=True))
-        held = wait_for(lambda: (lambda w: w if all(f"default.{n}" in w for n in names) else None)(
+        held = wait_for(lambda: (lambda w: w if all(f"default/{n}" in w for n in names) else None)(
             agents["hwloc"].workloads()), "the three pods admitted")
         if real:
             # the kubelet's part, done by hand: the pod's cgroup (cgroupfs layout) with a process in it
@@ -187,13 +189,13 @@ def test_the_daemonset_agent_keeps_its_pods_and_frees_them_on_deletion(plane, ap
         # after 90 s with every default: still allocated, disjoint, and reported as taken
         now = agents["hwloc"].workloads()
         assert time.monotonic() - start >= HOLD_SECONDS
-        assert all(f"default.{n}" in now for n in names), (sorted(now), agents["hwloc"].log())
+        assert all(f"default/{n}" in now for n in names), (sorted(now), agents["hwloc"].log())
         from agent.topology.parse import parse_cpulist
 
-        cpu_sets = [set(parse_cpulist(now[f"default.{n}"]["cpus"])) for n in names]
+        cpu_sets = [set(parse_cpulist(now[f"default/{n}"]["cpus"])) for n in names]
         assert all(len(c) == 4 for c in cpu_sets)
         assert not (cpu_sets[0] & cpu_sets[1] or cpu_sets[0] & cpu_sets[2] or cpu_sets[1] & cpu_sets[2])
-        assert {n: now[f"default.{n}"]["cpus"] for n in names} == {n: held[f"default.{n}"]["cpus"] for n in names}
+        assert {n: now[f"default/{n}"]["cpus"] for n in names} == {n: held[f"default/{n}"]["cpus"] for n in names}
         topo = hwloc_topologies[HWLOC_MACHINE]
         free = nrt_cpu_free(api, hw_node)
         for cpus in cpu_sets:
@@ -211,9 +213,9 @@ def test_the_daemonset_agent_keeps_its_pods_and_frees_them_on_deletion(plane, ap
         # deleting a pod frees its cpus in the agent and in the report
         before = sum(free.values())
         core.delete_namespaced_pod(names[0], "default", grace_period_seconds=0)
-        wait_for(lambda: f"default.{names[0]}" not in agents["hwloc"].workloads(), "the deleted pod released")
+        wait_for(lambda: f"default/{names[0]}" not in agents["hwloc"].workloads(), "the deleted pod released")
         wait_for(lambda: sum(nrt_cpu_free(api, hw_node).values()) >= before + 4, "the report to show its cpus free")
-        assert all(f"default.{n}" in agents["hwloc"].workloads() for n in names[1:])
+        assert all(f"default/{n}" in agents["hwloc"].workloads() for n in names[1:])
         if real:
             core.delete_namespaced_pod(f"solo-{tag}", "default", grace_period_seconds=0)
             wait_for(lambda: f"default.solo-{tag}" not in agents["host"].workloads(), "the host pod released")

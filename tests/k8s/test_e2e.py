@@ -116,6 +116,11 @@ def cluster(plane, api, hwloc_topologies, tmp_path_factory):
         node_agent.close()
 
 
+def pod_alloc(agent, name, namespace="default"):
+    """The agent's allocation for a pod (named pod/<uid>; its label is <namespace>/<name>), or None."""
+    return next((a for a in agent.state.allocations if a.label == f"{namespace}/{name}"), None)
+
+
 def make_pod(name, cpu, memory, annotations=None, limits=True, extra=None):
     from kubernetes import client
 
@@ -157,7 +162,7 @@ def test_numa_bound_pods_go_only_where_one_zone_holds_them(cluster):
         if name != names[-1]:
             assert bound(core, name) == "n-big"
             # wait until n-big's agent admitted it and reported (one pod per zone)
-            wait_for(lambda n=name: cluster["agents"]["n-big"].agent.state.get(f"default.{n}"), f"{name} admitted")
+            wait_for(lambda n=name: pod_alloc(cluster["agents"]["n-big"].agent, n), f"{name} admitted")
     # the third fits nowhere: the scheduler leaves it pending with the extender's reason
     def unschedulable():
         pod = core.read_namespaced_pod(names[-1], "default")
@@ -166,7 +171,7 @@ def test_numa_bound_pods_go_only_where_one_zone_holds_them(cluster):
                                                   for c in pod.status.conditions or [])
     wait_for(unschedulable, "the third NUMA-bound pod to be unschedulable")
     agent = cluster["agents"]["n-big"].agent
-    zones = {tuple(agent.topology.numa_of(c) for c in agent.state.get(f"default.{n}").cpus) for n in names[:2]}
+    zones = {tuple(agent.topology.numa_of(c) for c in pod_alloc(agent, n).cpus) for n in names[:2]}
     assert {z[0] for z in zones} == {0, 1} and all(len(set(z)) == 1 for z in zones)  # one zone each
     # the report tracks the allocations: each zone has at most 4 of its 16 cpus left
     report = wait_for(lambda: (lambda r: r if zone_cpu(r, "node-0") <= 4 and zone_cpu(r, "node-1") <= 4 else None)(
@@ -186,7 +191,7 @@ def test_ordinary_pods_schedule_and_their_cgroups_are_written_in_the_kubelet_lay
         node = bound(core, name)
         node_agent = cluster["agents"][node]
         uid = core.read_namespaced_pod(name, "default").metadata.uid
-        wait_for(lambda: node_agent.agent.state.get(f"default.{name}"), f"{name} admitted on {node}")
+        wait_for(lambda: pod_alloc(node_agent.agent, name), f"{name} admitted on {node}")
         path = f"kubepods/burstable/pod{uid}"
         node_agent.agent.driver.create(path)  # what the kubelet does when it starts the pod
         from agent.topology.parse import format_cpulist
@@ -196,8 +201,8 @@ def test_ordinary_pods_schedule_and_their_cgroups_are_written_in_the_kubelet_lay
         files = node_agent.agent.driver.files
         wait_for(lambda: files[path].get(("cpuset", "cpuset.cpus")) == format_cpulist(node_agent.agent.pools().shared),
                  f"{path} to hold the shared pool")
-        assert node_agent.agent.state.get(f"default.{name}").source == "kubernetes"
-        assert not node_agent.agent.driver.exists(f"tidal/shared/default.{name}")  # not Tidal's tree
+        assert pod_alloc(node_agent.agent, name).source == "kubernetes"
+        assert not [p for p in node_agent.agent.driver.files if p.startswith("tidal/shared/pod")]  # not Tidal's tree
     for name in names:
         core.delete_namespaced_pod(name, "default", grace_period_seconds=0)
 
@@ -216,7 +221,7 @@ def test_reclaimed_capacity_is_published_on_nodes_and_schedules_reclaimed_pods(c
     pod.spec.containers[0].resources.limits = {"tidal.io/reclaimed-millicpu": "1000"}
     core.create_namespaced_pod("default", pod)
     node = bound(core, name)
-    alloc = wait_for(lambda: cluster["agents"][node].agent.state.get(f"default.{name}"), "the reclaimed pod admitted")
+    alloc = wait_for(lambda: pod_alloc(cluster["agents"][node].agent, name), "the reclaimed pod admitted")
     assert alloc.qos.value == "reclaimed_cores" and alloc.millicpu == 1000
     core.delete_namespaced_pod(name, "default", grace_period_seconds=0)
 
@@ -227,7 +232,7 @@ def test_a_malformed_annotation_gets_an_event_and_the_default_treatment(cluster)
     core.create_namespaced_pod("default", make_pod(name, "250m", "64Mi", {"tidal.io/qos-level": "turbo"},
                                                    limits=False))
     node = bound(core, name)
-    alloc = wait_for(lambda: cluster["agents"][node].agent.state.get(f"default.{name}"), "the odd pod admitted")
+    alloc = wait_for(lambda: pod_alloc(cluster["agents"][node].agent, name), "the odd pod admitted")
     assert alloc.qos.value == "shared_cores"
     events = wait_for(lambda: [e for e in core.list_namespaced_event("default").items
                                if e.involved_object.name == name and e.reason == "TidalBadAnnotation"], "the event")
@@ -285,7 +290,7 @@ def test_agents_keep_enforcing_while_the_api_server_is_away_and_catch_up(cluster
     wait_for(lambda: core.create_namespaced_pod("default", make_pod(name, "250m", "64Mi", limits=False)),
              "the API server to take a pod again", timeout=60)
     node = bound(core, name, timeout=90)
-    wait_for(lambda: cluster["agents"][node].agent.state.get(f"default.{name}"), "the agent to catch up", timeout=60)
+    wait_for(lambda: pod_alloc(cluster["agents"][node].agent, name), "the agent to catch up", timeout=60)
     assert any(a.api_errors for a in cluster["agents"].values())
     core.delete_namespaced_pod(name, "default", grace_period_seconds=0)
 

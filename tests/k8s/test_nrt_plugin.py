@@ -137,7 +137,7 @@ def placed(core, name, timeout=60):
 
 
 def zone_of(agents, node, pod):
-    workload = agents[node].workloads().get(f"default.{pod}")
+    workload = agents[node].workloads().get(f"default/{pod}")
     if workload is None:
         return None
     from agent.topology.parse import parse_cpulist
@@ -200,7 +200,7 @@ def test_the_upstream_plugin_places_by_tidals_zones(plane, nodes, profile, resyn
             except Exception:  # noqa: BLE001 - already gone
                 pass
         for name in [*names, small]:
-            wait_for(lambda name=name: all(f"default.{name}" not in a.workloads() for a in agents.values()),
+            wait_for(lambda name=name: all(f"default/{name}" not in a.workloads() for a in agents.values()),
                      f"{name} released")
         plane.procs.pop(next(k for k, p in plane.procs.items() if p is proc))
         proc.terminate()

@@ -233,7 +233,7 @@ def test_a_reclaimed_pod_runs_at_the_lowest_priority_under_a_quota_and_yields_to
     except AssertionError:
         workloads = AgentClient(AGENT_SOCKET).request("GET", "/v1/workloads")["workloads"]
         events = node.get("events", "--field-selector", "involvedObject.name=batch")["items"]
-        print("agent:", [w for w in workloads if w["name"] == "default.batch"], "events:",
+        print("agent:", [w for w in workloads if w.get("label") == "default/batch"], "events:",
               [(e["reason"], e["message"]) for e in events], "status:", runtime_road())
         raise
 
@@ -314,7 +314,7 @@ def test_a_dedicated_pod_gets_exactly_its_cpu_and_keeps_it_through_restarts(node
     delete_pod(node, "dedicated")
     wait_for(lambda: nrt_cpu_available(node) == before, "the NRT report freeing the cpu", timeout=60)
     workloads = AgentClient(AGENT_SOCKET).request("GET", "/v1/workloads")["workloads"]
-    assert not [w for w in workloads if w.get("name") == "default.dedicated"], workloads
+    assert not [w for w in workloads if w.get("label") == "default/dedicated"], workloads
 
 
 def first_log_line(node: RealNode, name: str) -> Optional[str]:

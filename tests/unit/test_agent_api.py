@@ -55,7 +55,7 @@ def test_admit_list_attach_release(agent):
     ("POST", "/v1/workloads", {"name": "x", "qos": "dedicated_cores", "cpus": 0}, 400, "must be positive"),
     ("POST", "/v1/workloads", {"name": "x", "qos": "dedicated_cores", "cpus": 1.5}, 400, "whole cpus"),
     ("POST", "/v1/workloads", [1, 2], 400, "JSON object"),
-    ("POST", "/v1/workloads", {"name": "x", "qos": "dedicated_cores", "cpus": 999}, 422, "asks 999 cpus"),
+    ("POST", "/v1/workloads", {"name": "x", "qos": "dedicated_cores", "cpus": 999}, 400, "asks 999 cpus"),
     ("DELETE", "/v1/workloads/ghost", None, 404, "no workload named 'ghost'"),
     ("POST", "/v1/workloads/ghost/attach", {"pid": 1}, 404, "no workload"),
     ("GET", "/v2/everything", None, 404, "no such path"),

@@ -11,6 +11,7 @@ from agent.isolation.cgroups.driver import RecordingCgroups
 from agent.k8s.node import KubeletLayout, KubeNodeAgent
 from contracts.pods import pod_request, qos_class, quantity
 from agent.qrm.policy import allocate, initial_state, pools
+from agent.errors import AdmissionError
 from agent.qrm.requests import parse_request
 from agent.reporter.nrt import build_nrt
 from contracts.nrt import decode as to_report
@@ -52,9 +53,24 @@ def test_pod_annotations_and_defaults(spec, want):
     request = pod_request(spec)
     assert request.problem is None
     doc = dict(request.document)
-    assert doc.pop("name") == "ns.p"
+    assert doc.pop("name") == "pod/0f1e-22" and doc.pop("label") == "ns/p"  # by uid; the name for people
     assert doc == want
-    parse_request(request.document)  # the agent accepts it
+    parse_request(request.document, pod=True)  # the agent accepts it from the pod source
+    with pytest.raises(AdmissionError, match="must match"):
+        parse_request(request.document)  # and from no other: the local API cannot take a pod's name
+
+
+def test_a_static_pod_is_known_by_the_kubelets_uid_not_its_mirrors():
+    spec = pod(cpu="2", annotations={"kubernetes.io/config.mirror": "9c1f5e0d2b"}, uid="mirror-uid")
+    request = pod_request(spec)
+    assert request.workload == "pod/9c1f5e0d2b" and request.uid == "9c1f5e0d2b"
+    assert KubeletLayout(RecordingCgroups(), "cgroupfs").paths(spec, request)[0] == "kubepods/pod9c1f5e0d2b"
+
+
+def test_two_pods_with_a_long_common_prefix_never_share_a_workload():
+    long = "x" * 200
+    a, b = pod(name=long + "a", uid="uid-a"), pod(name=long + "b", uid="uid-b")
+    assert pod_request(a).workload != pod_request(b).workload
 
 
 @pytest.mark.parametrize("annotations, problem", [
@@ -162,18 +178,41 @@ def test_a_restarted_node_agent_adopts_its_pods_and_releases_only_unclaimed_ones
     for spec in (kept, gone):
         agent.admit(pod_request(spec).document, source="kubernetes")
     agent.admit({"name": "local", "qos": "shared_cores", "millicpu": 100})
-    cpus = agent.state.get("ns.kept").cpus
+    cpus = agent.state.get("pod/u-kept").cpus
     agent.shutdown()
     # the restart: a new agent from the same state dir, a new node agent that lists pods
     again = pod_agent(topo_dual_socket_ht, tmp_path, RecordingCgroups())
-    assert set(again.state.names()) == {"ns.kept", "ns.gone", "local"}
+    assert set(again.state.names()) == {"pod/u-kept", "pod/u-gone", "local"}
     node = KubeNodeAgent(again, _NoApi(), "n1")
     node.on_pod(kept)  # listed: adopted, not admitted again (which would refuse the name)
-    assert node.pods["u-kept"].workload == "ns.kept" and not node.refused
+    assert node.pods["u-kept"].workload == "pod/u-kept" and not node.refused
     with node.lock:
         node._release_unclaimed()  # after the first full list
-    assert set(again.state.names()) == {"ns.kept", "local"}
-    assert again.state.get("ns.kept").cpus == cpus
+    assert set(again.state.names()) == {"pod/u-kept", "local"}
+    assert again.state.get("pod/u-kept").cpus == cpus
+
+
+def test_an_older_agents_pod_names_are_adopted_with_their_cpus(topo_dual_socket_ht, tmp_path):
+    """Agents before 0.2 named pods <namespace>.<name>: the upgraded agent renames them when it lists the pod."""
+    from agent.qrm.model import Allocation, QoS
+    from agent.qrm.state import CheckpointStore
+
+    topo = topo_dual_socket_ht
+    state = initial_state(topo, None)
+    state = state.with_allocation(Allocation("ns.kept", QoS.DEDICATED, 2000, cpus=(4, 5), mems=(0, 1, 2, 3),
+                                             source="kubernetes"))
+    state = state.with_allocation(Allocation("ns.gone", QoS.SHARED, 500, mems=(0, 1, 2, 3), source="kubernetes"))
+    (tmp_path / "state").mkdir()
+    CheckpointStore(str(tmp_path / "state" / "checkpoint.json")).save(state, topo)
+    agent = pod_agent(topo, tmp_path, RecordingCgroups())
+    assert set(agent.state.names()) == {"ns.kept", "ns.gone"}  # the checkpoint of 0.1 is read as it is
+    node = KubeNodeAgent(agent, _NoApi(), "n1")
+    node.on_pod(pod(name="kept", cpu="2", uid="u-kept"))
+    with node.lock:
+        node._release_unclaimed()
+    assert agent.state.names() == ["pod/u-kept"] and not node.refused
+    kept = agent.state.get("pod/u-kept")
+    assert kept.cpus == (4, 5) and kept.label == "ns/kept"
 
 
 def test_nrt_zones_track_dedicated_numa_bound_workloads(topo_dual_socket_ht):
@@ -619,9 +658,9 @@ def test_single_numa_node_binds_every_dedicated_pod():
 
     topo = build_topology(Shape(sockets=1, numa_per_socket=2, cores_per_numa=4, threads_per_core=2))
     big = dict(bound.document, cpus=10)
-    refused = allocate(topo, initial_state(topo, ()), parse_request(big))  # 8 cpus per node: never on one
+    refused = allocate(topo, initial_state(topo, ()), parse_request(big, pod=True))  # 8 cpus per node: never on one
     assert isinstance(refused, Rejection) and "single-numa-node" in refused.reason
-    spread = allocate(topo, initial_state(topo, ()), parse_request(dict(big, single_numa_node=False)))
+    spread = allocate(topo, initial_state(topo, ()), parse_request(dict(big, single_numa_node=False), pod=True))
     assert spread.mems == (0, 1)  # without the policy, the fewest whole nodes
 
 

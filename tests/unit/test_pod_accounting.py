@@ -38,9 +38,9 @@ def pod_agent(tmp_path, version):
     agent = Agent(config, echo=lambda line: None, driver=driver, topology=TOPO)
     agent.start()
     agent.sampler = NodeSampler()
-    for name, doc, paths in (("default.batch", {"qos": "reclaimed_cores", "millicpu": 100, "tier": "low"}, BATCH),
-                             ("default.db", {"qos": "dedicated_cores", "cpus": 2}, DB),
-                             ("default.api", {"qos": "shared_cores", "millicpu": 500}, API)):
+    for name, doc, paths in (("pod/batch", {"qos": "reclaimed_cores", "millicpu": 100, "tier": "low"}, BATCH),
+                             ("pod/db", {"qos": "dedicated_cores", "cpus": 2}, DB),
+                             ("pod/api", {"qos": "shared_cores", "millicpu": 500}, API)):
         agent.admit({"name": name, **doc}, source=KUBERNETES)
         for path in paths:  # the kubelet made them
             driver.create(path)
@@ -67,7 +67,7 @@ def test_reclaimed_and_dedicated_pods_use_is_not_online_demand(tmp_path):
         assert agent.harvest.online_bytes == 8 * GIB - 3 * GIB - 2 * GIB
         assert agent.memory_status()["reclaimed_bytes"] == 2 * GIB
         # the pod ends: it is no longer read, and what it used no longer counts
-        agent.release("default.batch")
+        agent.release("pod/batch")
         agent.tick(now=103.0, epoch=1e9 + 3)
         assert set(agent.harvest.offline_usage) == {DB[0]}
     finally:

@@ -66,7 +66,7 @@ def test_bad_requests(doc, message):
 
 
 def test_malformed_json_names_line_and_column():
-    with pytest.raises(AdmissionError, match=r"r.json: malformed JSON at line 2 column"):
+    with pytest.raises(AdmissionError, match=r"r.json: malformed JSON: line 2 column"):
         parse_requests('[\n{"name": ]', "r.json")
     with pytest.raises(AdmissionError, match="expected a JSON list"):
         parse_requests('{"name": "a"}', "r.json")

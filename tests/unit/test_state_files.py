@@ -5,7 +5,9 @@ damaged; a second agent starts from the same state directory and the same
 "kernel" (the recording driver, which keeps what the first wrote). It must
 start, say one warning naming the file, keep the damaged file aside, recover
 what the kernel or a safe default says, and run periods and answer its API
-as usual. A FIFO or directory in place of a file is refused with one error.
+as usual. A FIFO or directory in place of a file is kept aside the same way
+(it once stopped the agent: a local user who could plant one decided the next
+start); a state directory others may write is refused with one error line.
 """
 
 from __future__ import annotations
@@ -15,7 +17,6 @@ import os
 import pytest
 
 from agent.daemon import Agent, AgentConfig
-from agent.errors import StateError
 from agent.isolation.cgroups.driver import RecordingCgroups
 from agent.qrm.model import Allocation, QoS
 from agent.qrm.policy import State
@@ -47,8 +48,8 @@ def first_run(tmp_path, topo):
     agent = boot(tmp_path, topo, driver, [])
     agent.admit({"name": "db", "qos": "dedicated_cores", "cpus": 1})
     agent.admit({"name": "batch", "qos": "reclaimed_cores", "millicpu": 100})
-    agent.admit({"name": "pod", "qos": "shared_cores", "millicpu": 100}, source="kubernetes")
-    agent.place("pod", ("kubepods",))  # writes into a cgroup Tidal did not make: originals.json
+    agent.admit({"name": "pod/u1", "qos": "shared_cores", "millicpu": 100}, source="kubernetes")
+    agent.place("pod/u1", ("kubepods",))  # writes into a cgroup Tidal did not make: originals.json
     agent.attach("db", 4242)
     agent.tick()
     agent.lend("1h")
@@ -118,7 +119,7 @@ def test_a_damaged_state_file_is_kept_aside_and_the_agent_carries_on(tmp_path, t
                 ("cpuset", "cpuset.cpus")]  # the cpus its processes run on, as the kernel shows them
             assert not any(p.startswith("..") or "/../" in p for p in driver.files)  # nothing outside the tree
         else:
-            assert names == {"db", "batch", "pod"}
+            assert names == {"db", "batch", "pod/u1"}
         if outcome == "lent":
             assert agent.lending.current.state == "Offline"
         else:
@@ -133,27 +134,77 @@ def test_a_damaged_state_file_is_kept_aside_and_the_agent_carries_on(tmp_path, t
 
 
 @pytest.mark.parametrize("name", ["checkpoint.json", "node.json", "history.json", "originals.json"])
-@pytest.mark.parametrize("kind", ["fifo", "directory"])
-def test_a_state_file_that_is_not_a_regular_file_is_refused_with_one_error(tmp_path, topo, name, kind):
+@pytest.mark.parametrize("kind", ["fifo", "directory", "symlink"])
+def test_a_state_file_that_is_not_a_regular_file_is_kept_aside_and_the_agent_starts(tmp_path, topo, name, kind):
     driver = first_run(tmp_path, topo)
     path = tmp_path / "state" / name
     path.unlink()
-    os.mkfifo(path) if kind == "fifo" else path.mkdir()
-    with pytest.raises(StateError, match=f"{name}.*not a regular file"):
-        boot(tmp_path, topo, driver, [])  # returns at once: a FIFO is never read (it would block)
+    if kind == "fifo":
+        os.mkfifo(path)  # never read: it would block the start
+    elif kind == "directory":
+        path.mkdir()
+        (path / "planted").write_text("x")
+    else:
+        path.symlink_to("/etc/shadow")
+    lines = []
+    agent = boot(tmp_path, topo, driver, lines)
+    try:
+        warnings = [line for line in lines if "warning" in line]
+        assert len(warnings) == 1 and name in warnings[0] and "not a regular file" in warnings[0], lines
+        kept = tmp_path / "state" / f"{name}.bad-0"
+        assert os.path.lexists(kept) and not os.path.lexists(path) or name in ("checkpoint.json", "node.json")
+        if name == "checkpoint.json":
+            assert {"db", "batch"} <= set(agent.state.names())  # rebuilt from the kernel
+        if name == "node.json":
+            assert agent.lending.current.state == "Offline"  # unknown: a lent node stays lent
+        agent.tick()
+    finally:
+        agent.shutdown()
+    assert os.path.lexists(kept) and (kept.is_symlink() or not kept.is_file())  # kept as it was, for the operator
 
 
-def test_the_agent_as_a_process_says_one_error_line_for_a_fifo_checkpoint(tmp_path):
+@pytest.mark.parametrize("mode", [0o777, 0o775, 0o1777])
+def test_a_state_directory_others_may_write_is_refused_with_one_line(tmp_path, mode):
     import subprocess
     import sys
 
     write_tree(str(tmp_path / "root"), Shape(sockets=1, numa_per_socket=1, cores_per_numa=2))
     (tmp_path / "state").mkdir()
-    os.mkfifo(tmp_path / "state" / "checkpoint.json")
+    os.chmod(tmp_path / "state", mode)
     done = subprocess.run([sys.executable, "-m", "agent.cli", "agent", "--root", str(tmp_path / "root"),
                            "--record-cgroups", "--socket", str(tmp_path / "t.sock"), "--state-dir",
                            str(tmp_path / "state")], capture_output=True, text=True, timeout=60)
     assert done.returncode == 2
     errors = [line for line in done.stderr.splitlines() if line.strip()]
-    assert len(errors) == 1 and errors[0].startswith("tidal: error:") and "not a regular file" in errors[0], done.stderr
+    assert len(errors) == 1 and errors[0].startswith("tidal: error:") and "writable by others" in errors[0], \
+        done.stderr
     assert "Traceback" not in done.stderr + done.stdout
+    assert os.listdir(tmp_path / "state") == []  # nothing read, nothing written
+
+
+def test_the_agent_as_a_process_keeps_a_fifo_checkpoint_aside_and_serves(tmp_path):
+    import subprocess
+    import sys
+
+    from agent.client import AgentClient
+
+    write_tree(str(tmp_path / "root"), Shape(sockets=1, numa_per_socket=1, cores_per_numa=2))
+    (tmp_path / "state").mkdir(mode=0o700)
+    os.mkfifo(tmp_path / "state" / "checkpoint.json")
+    sock = str(tmp_path / "t.sock")
+    agent = subprocess.Popen([sys.executable, "-m", "agent.cli", "agent", "--root", str(tmp_path / "root"),
+                              "--record-cgroups", "--socket", sock, "--state-dir", str(tmp_path / "state")],
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        import time
+
+        deadline = time.monotonic() + 30
+        while not os.path.exists(sock):
+            assert agent.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        assert AgentClient(sock).request("GET", "/v1/workloads") == {"workloads": []}
+        assert os.path.exists(tmp_path / "state" / "checkpoint.json.bad-0")
+    finally:
+        agent.terminate()
+        out = agent.communicate(timeout=30)[0]
+    assert "not a regular file" in out and "Traceback" not in out, out
