@@ -402,14 +402,12 @@ class _Busy(Exception):
 class _Bounded(socketserver.ThreadingMixIn):
     """Slots per listener and per peer (``agent.connections``): a connection with no slot is
     answered 503 and closed at once, so a flood costs neither descriptors nor threads beyond the caps.
-    ``via``: "unix", "plugin" or "tcp"; ``plugin_uid``: the NRI plugin's uid (privileged: it has the
-    reserved slots too)."""
+    ``via``: "unix", "plugin" or "tcp"."""
 
     daemon_threads = True
     request_queue_size = BACKLOG
     token: Optional[str] = None
     via = "unix"
-    plugin_uid: Optional[int] = None
 
     def server_activate(self) -> None:
         self.slots = Slots(MAX_CONNECTIONS, connections.MAX_PER_PEER, connections.RESERVED)
@@ -419,7 +417,8 @@ class _Bounded(socketserver.ThreadingMixIn):
         super().server_activate()
 
     def privileged(self, peer: Peer) -> bool:
-        return peer.uid == 0 or (peer.uid is not None and peer.uid == self.plugin_uid)
+        """Root, and every peer of the plugin socket (its mode lets only the plugin's uid and root in)."""
+        return peer.uid == 0 or self.via == "plugin"
 
     def process_request(self, request, client_address) -> None:
         try:
@@ -427,11 +426,7 @@ class _Bounded(socketserver.ThreadingMixIn):
         except OSError:
             self.shutdown_request(request)
             return
-        if self.via == "plugin" and not self.privileged(peer):
-            allowed = False  # the plugin socket is the plugin's (and root's): its mode says so too
-        else:
-            allowed = self.slots.take(peer.key, self.privileged(peer))
-        if not allowed:
+        if not self.slots.take(peer.key, self.privileged(peer)):
             try:
                 request.sendall(_BUSY)
             except OSError:
@@ -499,12 +494,12 @@ def _prepare_socket_path(path: str) -> None:
 
 
 def _listen_unix(path: str, option: str, via: str, agent, owner: Optional[int], group: Optional[int],
-                 mode: int, plugin_uid: Optional[int]) -> "_UnixServer":
+                 mode: int) -> "_UnixServer":
     _prepare_socket_path(path)
     old_umask = os.umask(0o177)
     try:
         server = _UnixServer(path, _Handler, bind_and_activate=False)
-        server.via, server.plugin_uid = via, plugin_uid
+        server.via = via
         server.server_bind()
         server.server_activate()
     except OSError as exc:
@@ -520,7 +515,7 @@ def _listen_unix(path: str, option: str, via: str, agent, owner: Optional[int], 
 
 def serve_agent(agent: AgentFace, socket_path: str, tcp_port: Optional[int] = None, poll_interval: float = 0.5,
                 socket_group: Optional[int] = None, tcp_token: Optional[str] = None,
-                plugin_socket: Optional[str] = None, plugin_uid: Optional[int] = None) -> Servers:
+                plugin_socket: Optional[str] = None, plugin_uid: int = 0) -> Servers:
     """Serve in daemon threads. ``poll_interval`` is how often an idle server wakes
     to check for shutdown: each wake costs cpu, so the agent keeps it long.
     ``socket_group``: a gid whose members may use the socket (mode 0660) with a user's
@@ -528,14 +523,11 @@ def serve_agent(agent: AgentFace, socket_path: str, tcp_port: Optional[int] = No
     ``plugin_socket``/``plugin_uid``: a read-only socket owned by the NRI plugin's uid (mode 0600),
     whose peers are the plugin (see authority)."""
     unix = _listen_unix(socket_path, "--socket", "unix", agent, None, socket_group,
-                        0o660 if socket_group is not None else 0o600, plugin_uid)
+                        0o660 if socket_group is not None else 0o600)
     servers = [unix]
     if plugin_socket is not None:
-        if plugin_uid is None:
-            raise TidalError("--plugin-socket needs --plugin-uid")
         try:
-            servers.append(_listen_unix(plugin_socket, "--plugin-socket", "plugin", agent, plugin_uid, None, 0o600,
-                                        plugin_uid))
+            servers.append(_listen_unix(plugin_socket, "--plugin-socket", "plugin", agent, plugin_uid, None, 0o600))
         except TidalError:
             unix.server_close()
             raise
@@ -548,7 +540,6 @@ def serve_agent(agent: AgentFace, socket_path: str, tcp_port: Optional[int] = No
             raise TidalError(f"--tcp-port {tcp_port}: cannot listen: {exc.strerror or exc}") from None
         tcp.agent = agent
         tcp.token = tcp_token
-        tcp.plugin_uid = plugin_uid
         servers.append(tcp)
     for server in servers:
         threading.Thread(target=server.serve_forever, kwargs={"poll_interval": poll_interval}, name="tidal-api",

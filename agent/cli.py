@@ -150,6 +150,14 @@ def parse_reserved(value: Optional[str]):
               help="With --tcp-port: a root-owned 0600 file whose token (Authorization: Bearer) allows writes.")
 @click.option("--socket-group", default=None, metavar="GROUP",
               help="Let this group's members use the socket (0660) for their own workloads and processes.")
+@click.option("--max-workloads-per-user", default=64, show_default=True, type=click.IntRange(0, 100000),
+              help="Workloads one non-root user (a --socket-group member) may hold at once.")
+@click.option("--plugin-socket", default=None, metavar="PATH",
+              help="Also serve the NRI plugin a read-only socket here (mode 0600, owned by --plugin-uid), with "
+                   "connection slots kept for it; only its callers may say the plugin is registered. Put it in a "
+                   "directory of its own, the only one the plugin's container mounts.")
+@click.option("--plugin-uid", default=0, show_default=True, type=click.IntRange(0, 2 ** 31 - 1), metavar="UID",
+              help="With --plugin-socket: the uid that owns it (the NRI plugin's).")
 @click.option("--cgroup-base", default="tidal", show_default=True, help="Name of Tidal's cgroup tree.")
 @click.option("--cgroup-parent", default="/", show_default=True, type=click.Choice(["/", "self"]),
               help="Create the tree at each hierarchy's root, or under the agent's own cgroup (delegation).")
@@ -232,7 +240,7 @@ def parse_reserved(value: Optional[str]):
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["debug", "info", "warning", "error"]))
 def agent(root: str, socket_path: str, state_dir: str, reserved_cpus, period: float, tcp_port, tcp_token_file,
-          socket_group, cgroup_base: str,
+          socket_group, max_workloads_per_user: int, plugin_uid, plugin_socket, cgroup_base: str,
           cgroup_parent: str, no_resize: bool, revert: bool, push_command, push_url, push_format: str,
           push_resend: float, yarn_rm, yarn_node_id, yarn_node_host, offline_cgroups, eviction_grace: float,
           memory_evict_below, memory_pressure_threshold: float, cpu_pressure_threshold: float,
@@ -264,6 +272,8 @@ def agent(root: str, socket_path: str, state_dir: str, reserved_cpus, period: fl
                          io_pressure_threshold=io_pressure_threshold, online_policy=online_policy,
                          hooks=parse_hooks(hooks),
                          guard_interval=guard_interval, socket_group=group_id(socket_group),
+                         max_workloads_per_user=max_workloads_per_user, plugin_uid=plugin_uid,
+                         plugin_socket=plugin_socket_path(socket_path, plugin_socket),
                          tcp_token=tcp_token(tcp_port, tcp_token_file),
                          net=net_config(online_nic, offline_nic, offline_gateway, net_netns, not no_ingress_shaping))
     if kube_node:
@@ -349,6 +359,14 @@ def group_id(name: Optional[str]) -> Optional[int]:
         return grp.getgrnam(name).gr_gid
     except KeyError:
         raise TidalError(f"--socket-group {name!r}: no such group") from None
+
+
+def plugin_socket_path(socket_path: str, path: Optional[str]) -> Optional[str]:
+    if path is None:
+        return None
+    if os.path.abspath(path) == os.path.abspath(socket_path):
+        raise TidalError("--plugin-socket must differ from --socket")
+    return path
 
 
 def tcp_token(port: Optional[int], path: Optional[str]) -> Optional[str]:
@@ -737,7 +755,8 @@ def kube_client(kubeconfig: Optional[str]):
 @click.option("--tls-client-ca", default=None, type=click.Path(dir_okay=False),
               help="Require client certificates signed by this CA (kube-scheduler's tlsConfig.certFile/keyFile).")
 @click.option("--insecure", is_flag=True,
-              help="Listen beyond loopback without client certificates: anyone who reaches the port may bind pods.")
+              help="Listen beyond loopback without client certificates: filter and prioritize answer anyone; "
+                   "bind is refused (it needs a client certificate off loopback).")
 @click.option("--policy", default="pack", show_default=True, type=click.Choice(["pack", "spread"]))
 @click.option("--stale-after", default=120.0, show_default=True, type=click.FloatRange(1, 86400),
               help="Seconds after which a node's topology report is not trusted.")
@@ -766,7 +785,7 @@ def cluster_extender(kubeconfig, port: int, address: str, tls_cert, tls_key, tls
     watcher = NrtWatcher(cache, api, stop)
     watcher.check_crd()
     watcher.start()
-    server = serve(cache, port, address, api_client=api, tls=tls)
+    server = serve(cache, port, address, api_client=api, tls=tls, bind_needs_certificate=not loopback)
     click.echo(f"tidal extender: serving {'https' if tls else 'http'}://{address}:{port} (filter, prioritize, bind)"
                f"{'; client certificates required' if tls_client_ca else ''}; policy {policy}")
     signal.signal(signal.SIGTERM, lambda *_: stop.set())

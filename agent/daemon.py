@@ -118,7 +118,7 @@ class AgentConfig:
     socket_group: Optional[int] = None  # a gid whose members may use the socket with a user's authority
     tcp_token: Optional[str] = None  # bearer token that lets TCP clients write (agent.authority)
     plugin_socket: Optional[str] = None  # a read-only socket for the NRI plugin, owned by plugin_uid
-    plugin_uid: Optional[int] = None  # the NRI plugin's uid: the plugin socket's owner, with reserved slots
+    plugin_uid: int = 0  # the NRI plugin's uid: the plugin socket's owner
     max_workloads_per_user: int = 64  # workloads one non-root uid may hold through the socket
 
 

@@ -48,6 +48,11 @@ MAX_EXTENDER_PRIORITY = 10
 # once made the answer invalid JSON)
 _PLAIN = re.compile(r"[A-Za-z0-9._,-]+\Z")
 MAX_BODY = 32 << 20  # 5,000 node names are ~100 KB; whole Node objects (not nodeCacheCapable) a few MB
+# JSON values a body may hold (counted before decoding: each is a Python object of ~60 bytes, so a 31 MiB
+# body of small arrays once took 657 MB); 1,000,000 holds ~3,000 whole Node objects, any number of names
+MAX_VALUES = 1_000_000
+MAX_INFLIGHT = 2  # bodies read and decoded at once; more wait up to INFLIGHT_WAIT s, then get 503
+INFLIGHT_WAIT = 2.0
 IO_TIMEOUT = 10.0
 _KEPT = 16  # candidate lists, answers and fits kept per kind (a scheduler cycles through a few pod shapes)
 _PLACEHOLDER_VALUE = "\u0000tidal-known-names"  # no scheduler sends a string as NodeNames
@@ -172,6 +177,10 @@ class TopologyCache:
         (decoding 5,000 names costs ~0.3 ms, the comparison ~10 us). Only the top-level list is
         taken this way: the rest is decoded with a placeholder in its place, and any doubt (the
         placeholder not where the list was) falls back to decoding everything."""
+        values = raw.count(b",") + raw.count(b"[") + raw.count(b"{") + 1  # an upper bound, in C
+        if values > MAX_VALUES:
+            raise ValueError(f"about {values} JSON values; at most {MAX_VALUES} (use nodeCacheCapable: true, "
+                             f"which sends node names only)")
         at = raw.find(b'"NodeNames":[')
         if at >= 0:
             end = raw.find(b"]", at)
@@ -184,10 +193,10 @@ class TopologyCache:
                         self._segments.insert(0, self._segments.pop(position))
                         break
             if names is not None:
-                args = json.loads(raw[:at + 12] + _PLACEHOLDER + raw[end + 1:])
+                args = json.loads(raw[:at + 12] + _PLACEHOLDER + raw[end + 1:], object_hook=_node_stub)
                 if isinstance(args, dict) and args.get("NodeNames") == _PLACEHOLDER_VALUE:
                     return args, names
-        args = json.loads(raw)
+        args = json.loads(raw, object_hook=_node_stub)
         if not isinstance(args, dict):
             raise ValueError("ExtenderArgs must be a JSON object")
         names = _names(args)
@@ -474,12 +483,15 @@ def _binder(api_client):
 def serve(cache: TopologyCache, port: int, host: str = "127.0.0.1", api_client=None,
           record_dir: Optional[str] = None, handler_times: Optional[List[Tuple[str, float]]] = None,
           binding: Optional[Tuple[Callable[[str, str, str, str], None], Callable[[str, str], Dict[str, Any]]]] = None,
-          tls: Optional["ssl.SSLContext"] = None) -> ThreadingHTTPServer:
-    """``binding``: (bind(namespace, name, uid, node), read_pod(namespace, name)) in place of the API's
+          tls: Optional["ssl.SSLContext"] = None, bind_needs_certificate: bool = False) -> ThreadingHTTPServer:
+    """``bind_needs_certificate``: /bind only from a caller with a verified client certificate (the extender
+    listens beyond loopback); filter and prioritize change nothing and answer anyone who reaches them.
+    ``binding``: (bind(namespace, name, uid, node), read_pod(namespace, name)) in place of the API's
     (benchmarks bind without an API server); ``handler_times``: collects (path, ms inside) per call;
     ``tls``: serve HTTPS with this server context (``tls_context``: client certificates required
     when it was given a CA), the handshake done on the connection's own thread."""
     bind, read_pod = binding or (_binder(api_client) if api_client is not None else (None, None))
+    inflight = threading.BoundedSemaphore(MAX_INFLIGHT)
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -523,6 +535,15 @@ def serve(cache: TopologyCache, port: int, host: str = "127.0.0.1", api_client=N
             self.wfile.write(head.encode() + data)
 
         def do_POST(self) -> None:
+            if not inflight.acquire(timeout=INFLIGHT_WAIT):
+                self.close_connection = True
+                return self._send(503, {"Error": f"more than {MAX_INFLIGHT} requests at once; try again"})
+            try:
+                return self._post()
+            finally:
+                inflight.release()
+
+        def _post(self) -> None:
             self._started = time.perf_counter()
             try:
                 length = int(self.headers.get("Content-Length") or 0)
@@ -559,6 +580,9 @@ def serve(cache: TopologyCache, port: int, host: str = "127.0.0.1", api_client=N
                 if self.path.rstrip("/").endswith("/prioritize"):
                     return self._send(200, cache.prioritize_json(args.get("Pod") or {}, names))
                 if self.path.rstrip("/").endswith("/bind"):
+                    if bind_needs_certificate and not (tls is not None and self.request.getpeercert()):
+                        return self._send(403, {"Error": "bind needs a client certificate (kube-scheduler's "
+                                                         "extender tlsConfig) off loopback"})
                     if bind is None:
                         return self._send(200, {"Error": "this extender was started without API access"})
                     namespace, name, node = args.get("PodNamespace"), args.get("PodName"), args.get("Node")
@@ -597,6 +621,18 @@ def tls_context(cert: str, key: str, client_ca: Optional[str]) -> "ssl.SSLContex
     except (OSError, ssl.SSLError) as exc:
         raise TidalError(f"extender TLS: {exc}") from None
     return context
+
+
+def _node_stub(obj: Dict[str, Any]) -> Dict[str, Any]:
+    """Decoding whole Node objects (a scheduler without nodeCacheCapable), keep each one's name only, as
+    it is decoded: its images, conditions and labels are freed at once, not held until the whole body is
+    (a Node is known by what no Pod has: status.nodeInfo, allocatable or capacity)."""
+    status = obj.get("status")
+    if "metadata" in obj and isinstance(status, dict) and (
+            "nodeInfo" in status or "allocatable" in status or "capacity" in status):
+        meta = obj["metadata"]
+        return {"metadata": {"name": meta.get("name") if isinstance(meta, dict) else None}}
+    return obj
 
 
 def _names(args: Dict[str, Any]) -> List[str]:

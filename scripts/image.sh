@@ -63,7 +63,7 @@ umoci raw add-layer --image "$work/oci:$name" --history.created_by "mmdebstrap b
 created="$(date -u -d "@$SOURCE_DATE_EPOCH" +%Y-%m-%dT%H:%M:%SZ)"
 umoci config --image "$work/oci:$name" --created "$created" --history.created "$created" \
     --config.env PATH=/opt/tidal/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
-    --config.entrypoint tidal --config.cmd agent \
+    --config.entrypoint tidal --config.cmd agent --config.user 65532:65532 \
     --config.label org.opencontainers.image.title=tidal \
     --config.label org.opencontainers.image.version="$version"
 umoci gc --layout "$work/oci"
