@@ -1000,6 +1000,18 @@ def bench_reaction(steps: int, as_json: bool) -> None:
     emit_json(run(steps))
 
 
+@bench.command("reserved")
+@click.option("--seconds", default=3.0, show_default=True, type=click.FloatRange(0.5, 600), help="Length of a round.")
+@click.option("--repeats", default=4, show_default=True, type=click.IntRange(1, 100))
+@click.option("--json", "as_json", is_flag=True, help="JSON output (always JSON).")
+def bench_reserved(seconds: float, repeats: int, as_json: bool) -> None:
+    """A system daemon's and the agent's latency with kernel-heavy reclaimed work kept off the reserved
+    cpus, and on them (needs root)."""
+    from agent.bench.reserved import run
+
+    emit_json(run(seconds, repeats))
+
+
 @bench.command("overhead")
 @click.option("--workloads", default=200, show_default=True, type=click.IntRange(1, 5000))
 @click.option("--seconds", default=30.0, show_default=True, type=click.FloatRange(5, 3600))

@@ -273,6 +273,7 @@ class Agent:
         if warning:
             self.echo(f"tidal agent: warning: {warning}")
         self.admission.track_all()
+        self.admission.homeless()  # a checkpoint whose every cpu is reserved or dedicated keeps no reclaimed work
         report = self.reconcile()
         owner.store.save(owner.state, owner.topology)
         if not cfg.record_cgroups:
@@ -316,6 +317,7 @@ class Agent:
                                    self.counters, max_per_user=cfg.max_workloads_per_user)
         self.eviction = Eviction(owner, self.enforcement, cfg.eviction_grace, self.admission.forget,
                                  cfg.memory_evict_below, cfg.memory_pressure_threshold)
+        self.admission.homeless = lambda: self.eviction.homeless(self.enforcement.harvest)
         self.node = Lending(owner, self.lending, self.eviction, self.harvest, self.enforcement, cfg.online_policy)
 
     def _start_net(self) -> None:

@@ -10,10 +10,21 @@ NodeResourceTopology report and the capacity answer.
 | ``system_cores``  | the reserved pool (the shared pool when there is none)   | every node with memory            | (the kubelet's)        | no   |
 | ``dedicated_cores`` | its own cpus                                           | its nodes with ``numa_binding``, else every node | 1024 per cpu | no |
 | ``shared_cores``  | the shared pool                                          | every node with memory            | millicpu * 1024 / 1000 | no   |
-| ``reclaimed_cores`` | ``reclaimed_cpus``: the reclaim pool, plus the shared and reserved pools when it harvests | every node with memory | millicpu * 1024 / 1000 | yes |
+| ``reclaimed_cores`` | ``reclaimed_cpus``: the reclaim pool, plus the shared pool when it harvests; never the reserved pool | every node with memory | millicpu * 1024 / 1000 | yes |
 
 "Every node with memory": ``cpuset.mems`` may only name nodes that have memory
 (the kernel's ``N_MEMORY``); a node whose size is unknown counts as having some.
+A NUMA-bound workload whose nodes have no memory of their own (cpu nodes beside
+memory-only ones, as with CXL, HBM or NVDIMM tiers) gets the memory nodes
+nearest to them by the kernel's distances (``nearest_memory``), never every one.
+
+The reserved pool is never lent, not even its idle time at idle priority:
+idle priority does not preempt a task while it runs in the kernel, and the
+reserved cpus run the agent, the kubelet, the runtime and the node's daemons,
+whose reaction is what takes cpus back from reclaimed work
+(``tidal bench reserved`` measures both placements side by side). Where no
+other cpu is left, reclaimed work has none (``reclaimed_cpus`` is empty) and
+is evicted (``services.eviction``, ``qrm.plan``).
 """
 
 from __future__ import annotations
@@ -42,16 +53,34 @@ def memory_nodes(topo: Topology) -> Tuple[int, ...]:
     return tuple(n.id for n in topo.numa_nodes if n.memory_bytes != 0)
 
 
+def nearest_memory(topo: Topology, nodes) -> Tuple[int, ...]:
+    """For each of ``nodes``, the memory nodes at the least distance from it (itself when it has
+    memory); every memory node where the distances are unknown."""
+    every = memory_nodes(topo)
+    chosen = set()
+    for node in nodes:
+        if node in every:
+            chosen.add(node)
+            continue
+        known = [(topo.distance(node, m), m) for m in every]
+        known = [(d, m) for d, m in known if d is not None]
+        if not known:
+            return every
+        least = min(d for d, _ in known)
+        chosen |= {m for d, m in known if d == least}
+    return tuple(sorted(chosen)) or every
+
+
 def reclaimed_cpus(pools: Pools, harvest: bool) -> Tuple[int, ...]:
     """Where reclaimed work may run: the reclaim pool; when it ``harvest``s (the
-    kernel has ``cpu.idle`` and the option is on) also the shared and reserved
-    pools, whose idle time it takes at idle priority (never dedicated cpus,
-    unless their owner lends them)."""
+    kernel has ``cpu.idle`` and the option is on) also the shared pool, whose
+    idle time it takes at idle priority. Never the reserved pool, never
+    dedicated cpus unless their owner lends them. With no reclaim pool it waits
+    on the shared pool at the minimum quota (its capacity is 0: it is evicted
+    after the grace); with no shared pool either, it has no cpu: empty."""
     cpus = set(pools.reclaimed)
-    if harvest:
-        cpus |= set(pools.shared) | set(pools.reserved)
-    if not cpus:  # nothing to lend: park on the reserved (or any shared) cpus, throttled to the minimum
-        cpus = set(pools.reserved or pools.shared or pools.dedicated[:1])
+    if harvest or not cpus:
+        cpus |= set(pools.shared)
     return tuple(sorted(cpus))
 
 
@@ -62,8 +91,8 @@ def system_cpus(pools: Pools) -> Tuple[int, ...]:
 def assignment(topo: Topology, alloc: Allocation, pools: Pools, harvest: bool) -> Assignment:
     every = memory_nodes(topo)
     if alloc.qos is QoS.DEDICATED:
-        mems = tuple(m for m in alloc.mems if m in every) if alloc.numa_binding else every
-        return Assignment(alloc.cpus, mems or every, len(alloc.cpus) * SHARES_PER_CPU, False)
+        mems = nearest_memory(topo, alloc.mems) if alloc.numa_binding else every
+        return Assignment(alloc.cpus, mems, len(alloc.cpus) * SHARES_PER_CPU, False)
     if alloc.qos is QoS.SYSTEM:
         return Assignment(system_cpus(pools), every, None, False)
     shares = max(2, alloc.millicpu * SHARES_PER_CPU // 1000)

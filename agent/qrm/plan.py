@@ -11,19 +11,28 @@ from typing import Dict, List, Sequence, Tuple
 
 from agent.qrm.model import Pools, QoS, Rejection, Request
 from agent.qrm.assignment import assignment
-from agent.qrm.policy import State, allocate, pools
+from agent.qrm.eviction import choose_victims
+from agent.qrm.policy import State, allocate, pools, reclaimed_capacity
 from agent.topology import Topology
 from agent.topology.parse import format_cpulist
 
 
 def run_plan(topo: Topology, state: State, requests: Sequence[Request]) -> Tuple[State, List[Rejection]]:
+    """Each request in turn; reclaimed work that a later request leaves over the reclaimed capacity (or
+    with no cpu at all) is evicted, as the agent does (at once, or after its grace): it comes back among
+    the rejections, with why."""
     rejected: List[Rejection] = []
     for request in requests:
         decision = allocate(topo, state, request)
         if isinstance(decision, Rejection):
             rejected.append(decision)
-        else:
-            state = state.with_allocation(decision)
+            continue
+        state = state.with_allocation(decision)
+        capacity = reclaimed_capacity(topo, state)
+        for victim in choose_victims(state.allocations, capacity):
+            state = state.without(victim.name)
+            rejected.append(Rejection(victim.name, f"evicted: after {request.name}, the reclaimed capacity is "
+                                                   f"{capacity} millicpu"))
     return state, rejected
 
 

@@ -271,6 +271,10 @@ def allocate(topo: Topology, state: State, request: Request) -> Decision:
                                            f"reserved, dedicated or held by NUMA-exclusive workloads")
         return Allocation(name=request.name, qos=QoS.SHARED, millicpu=request.millicpu, mems=_all_mems(topo))
     if request.qos is QoS.RECLAIMED:
+        pool = pools(topo, state)
+        if not pool.reclaimed and not pool.shared:
+            return Rejection(request.name, "no cpu is left for reclaimed work (every cpu is reserved or dedicated; "
+                                           "the reserved pool is never lent)")
         capacity_m = reclaimed_capacity(topo, state)
         used_m = state.totals.reclaimed_millicpu
         if used_m + request.millicpu > capacity_m:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import replace
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 from agent.errors import AdmissionError, Conflict, NotFound, Unfit
 from agent.isolation.cgroups.detect import CgroupError
@@ -44,6 +44,8 @@ class Admission:
         self.empty_grace = empty_grace
         self.counters = counters
         self.max_per_user = max_per_user
+        # evicts reclaimed work left with no cpu (services.eviction.homeless), before the kernel is told
+        self.homeless: Callable[[], Any] = lambda: None
         self.seen_procs: Dict[str, bool] = {}
         self.created_at: Dict[str, float] = {}
 
@@ -86,6 +88,7 @@ class Admission:
             state_owner.commit(self.harvest.with_capacity(state_owner.state.with_allocation(decision)))
             self.created_at[decision.name] = time.monotonic()
             self.seen_procs[decision.name] = False
+            self.homeless()
             report = self.enforcement.reconcile()
             mine = set(self.enforcement.cgroups_of(decision))
             failed = [f for f in report.failed if f[0] in mine]

@@ -5,7 +5,10 @@ Each eviction has a cause:
 * ``cpu``: over-committed reclaimed work (its requests above the capacity) is
   first throttled by the reclaimed parent's quota; if it stays over for
   ``eviction_grace`` seconds, whole workloads are killed by tier (low, then
-  min, then high; ``qrm.eviction.choose_victims``).
+  min, then high; ``qrm.eviction.choose_victims``). Where no cpu is left for
+  reclaimed work at all (every cpu reserved or dedicated: the reserved pool is
+  never lent, ``qrm.assignment``), it is evicted at once (``homeless``),
+  before the kernel is told anything.
 * ``memory``: the node's available memory fell below the watermark
   (``memory_evict_below``, default ``default_watermark``): at once, by tier,
   the largest user first, until what they use brings it back to twice the
@@ -90,7 +93,21 @@ class Eviction:
         owner.placements.pop(alloc.name, None)
         self.forget(alloc.name)
 
+    def homeless(self, harvest: bool) -> List[str]:
+        """Evict every reclaimed workload when no cpu is left for reclaimed work; their names."""
+        from agent.qrm.assignment import reclaimed_cpus
+
+        owner = self.owner
+        victims = [a for a in owner.state.allocations if a.qos is QoS.RECLAIMED]
+        if not victims or reclaimed_cpus(owner.pools(), harvest):
+            return []
+        for alloc in victims:
+            self.evict(alloc, "no cpu is left for reclaimed work (every cpu is reserved or dedicated; the reserved "
+                              "pool is never lent)", cause="cpu", capacity_millicpu=0)
+        return [a.name for a in victims]
+
     def overcommit(self, now: float) -> None:
+        self.homeless(self.enforcement.harvest)
         # what the kernel lets reclaimed work use (the unrounded estimate), not the whole cores offline
         # systems are told: work that fits the quota is throttled, not over-committed
         capacity = self.enforcement.limits()[0]

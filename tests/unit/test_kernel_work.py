@@ -59,7 +59,7 @@ def test_an_ended_workload_is_dropped():
     assert work.observe(2.0, {}) and work.names() == frozenset()
 
 
-def test_a_confined_workload_leaves_the_shared_and_reserved_cpus():
+def test_a_confined_workload_leaves_the_shared_cpus_and_never_takes_the_reserved():
     # 16 cpus: 0-1 reserved, the rest shared; nothing lent, then 14-15 lent
     topo = build_topology(Shape(sockets=1, numa_per_socket=2, cores_per_numa=4, threads_per_core=2))
     state = initial_state(topo, (0, 1))
@@ -70,10 +70,14 @@ def test_a_confined_workload_leaves_the_shared_and_reserved_cpus():
     options = CgroupOptions(confined=frozenset({"scan"}))
     unlent = Pools(reserved=(0, 1), shared=tuple(range(2, 16)), reclaimed=(), dedicated=())
     specs = {s.path: s.knobs for s in desired_tree(topo, state, unlent, options, features)}
-    assert specs["tidal/reclaimed/low/spin"]["cpus"] == "0-15"  # harvests every idle cpu
-    assert specs["tidal/reclaimed/low/scan"]["cpus"] == "0-1"  # nothing lent: the reserved cpus only
-    assert specs["tidal/reclaimed"]["cpus"] == "0-15"
+    assert specs["tidal/reclaimed/low/spin"]["cpus"] == "2-15"  # harvests every idle cpu but the reserved ones
+    assert specs["tidal/reclaimed/low/spin"]["cpu_max"][0] is None
+    # nothing lent: it waits on the shared pool at the minimum quota (never on the reserved cpus)
+    assert specs["tidal/reclaimed/low/scan"]["cpus"] == "2-15"
+    assert specs["tidal/reclaimed/low/scan"]["cpu_max"][0] == 1000
+    assert specs["tidal/reclaimed"]["cpus"] == "2-15"
     lent = Pools(reserved=(0, 1), shared=tuple(range(2, 14)), reclaimed=(14, 15), dedicated=())
     specs = {s.path: s.knobs for s in desired_tree(topo, state, lent, options, features)}
     assert specs["tidal/reclaimed/low/scan"]["cpus"] == "14-15"  # the lent cpus only
-    assert specs["tidal/reclaimed/low/spin"]["cpus"] == "0-15"
+    assert specs["tidal/reclaimed/low/scan"]["cpu_max"][0] is None  # and its own quota lifted
+    assert specs["tidal/reclaimed/low/spin"]["cpus"] == "2-15"

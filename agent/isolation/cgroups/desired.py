@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Mapping, Optional, Sequence
 
 from agent.qrm.assignment import SHARES_PER_CPU, assignment, memory_nodes, reclaimed_cpus, system_cpus
-from agent.qrm.model import KUBERNETES, Allocation, Pools, QoS
+from agent.qrm.model import KUBERNETES, Pools, QoS
 from agent.qrm.policy import State
 from agent.topology import Topology
 from agent.topology.parse import format_cpulist
@@ -124,10 +124,12 @@ def desired_tree(topo: Topology, state: State, pools: Pools, options: CgroupOpti
     cpu_idle = bool(features.get("cpu.idle"))
     harvest = harvests(options, features)
     reclaim_set = reclaimed_cpus(pools, harvest)
-    reclaim = format_cpulist(reclaim_set)
+    # no cpu is left for reclaimed work (it is evicted: services.eviction): the tree stays, empty of
+    # workloads, parked on the system cpus at the minimum quota (an empty cpuset means "every cpu" on v2)
+    reclaim = format_cpulist(reclaim_set or system_cpus(pools))
     if options.reclaimed_cap_millicpu is not None:
         cap_us = max(MIN_QUOTA_US, options.reclaimed_cap_millicpu * CPU_PERIOD_US // 1000)
-    elif not pools.reclaimed and not (harvest and pools.shared):
+    elif not pools.reclaimed and not (harvest and pools.shared) or not reclaim_set:
         cap_us = MIN_QUOTA_US
     else:
         cap_us = len(reclaim_set) * CPU_PERIOD_US
@@ -175,14 +177,20 @@ def desired_tree(topo: Topology, state: State, pools: Pools, options: CgroupOpti
         paths = placements.get(alloc.name)
         if alloc.qos is QoS.SYSTEM and paths is None and alloc.source != KUBERNETES:
             continue  # system workloads in Tidal's tree share tidal/system; a pod's live in its own cgroups
-        given = assignment(topo, alloc, pools, harvest and alloc.name not in options.confined)
-        knobs: Dict[str, object] = {"cpus": format_cpulist(given.cpus), "mems": format_cpulist(given.mems)}
+        takes_idle = harvest and alloc.name not in options.confined
+        given = assignment(topo, alloc, pools, takes_idle)
+        # (a reclaimed workload with no cpu is evicted before any reconcile: services.eviction.homeless)
+        knobs: Dict[str, object] = {"cpus": format_cpulist(given.cpus) or reclaim, "mems": format_cpulist(given.mems)}
+        # reclaimed work that may not take the shared pool's idle time (no cpu.idle, or it runs in the kernel:
+        # services.kernel_work) and has no lent cpu waits on the shared pool at the minimum quota: its own
+        # quota, written every pass (the minimum, or none), so leaving that state lifts it
+        parked = alloc.qos is QoS.RECLAIMED and not pools.reclaimed and not takes_idle
         if paths is not None or alloc.source == KUBERNETES:
             # where the kubelet (or runtime) put its processes; nothing until it made them
             if given.cpu_idle:
                 # the kubelet gives reclaimed pods no common parent to cap as Tidal's tree has: each pod
                 # is capped at the node's whole reclaimed capacity, at the lowest priority
-                knobs["cpu_max"] = reclaimed_parent["cpu_max"]
+                knobs["cpu_max"] = (MIN_QUOTA_US, CPU_PERIOD_US) if parked else reclaimed_parent["cpu_max"]
                 knobs.update({"cpu_idle": 1} if cpu_idle else {"cpu_shares": 2})
             pod_memory: Dict[str, object] = {}
             if alloc.qos is QoS.RECLAIMED and features.get("memory"):
@@ -195,6 +203,8 @@ def desired_tree(topo: Topology, state: State, pools: Pools, options: CgroupOpti
             continue
         if given.cpu_shares is not None:
             knobs["cpu_shares"] = given.cpu_shares
+        if alloc.qos is QoS.RECLAIMED:
+            knobs["cpu_max"] = (MIN_QUOTA_US if parked else None, CPU_PERIOD_US)
         if partition and alloc.qos is QoS.DEDICATED and given.cpus:
             knobs["cpus_exclusive"] = knobs["cpus"]
             knobs["partition"] = partition
