@@ -109,7 +109,10 @@ class _Handler(BaseHTTPRequestHandler):
 
     def handle_one_request(self) -> None:
         self.reader.start_request()
-        super().handle_one_request()
+        try:
+            super().handle_one_request()
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True  # the client went away: not the agent's error
 
     def _caller(self) -> Caller:
         if self.server.via == "tcp":
@@ -273,6 +276,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(422, {"error": str(exc)})
         except TidalError as exc:
             self._send(500, {"error": str(exc)})
+        except (BrokenPipeError, ConnectionResetError):
+            raise  # the client went away mid-answer: nothing to answer (handle_one_request closes it)
         except Exception as exc:  # noqa: BLE001 - the API must answer, and the agent keep serving
             log.exception("api: internal error")
             self._send(500, {"error": f"internal error: {exc}"})

@@ -78,6 +78,8 @@ CASES = [
         Allocation("../../../escape", QoS.SHARED, 100, mems=(0,))]), "recovered"),
     ("checkpoint.json", lambda topo: crafted_checkpoint(topo, [
         Allocation("x", QoS.DEDICATED, 1000, cpus=(99,), mems=(0,))]), "recovered"),  # a cpu this node lacks
+    ("checkpoint.json", b'{"version": 1, "data": {"reserved": [' + b"9" * 5000 + b"]}}", "recovered"),
+    ("checkpoint.json", b"[" * 200_000, "recovered"),  # these two once stopped the agent's start
     ("node.json", b"[]", "lent"),
     ("node.json", b'{"state": "Offline", "deadline": "soon"}', "lent"),
     ("node.json", b'{"state": "Offl', "lent"),  # truncated: a lent node stays lent
@@ -85,6 +87,7 @@ CASES = [
     ("history.json", b"[]", "history"),
     ("history.json", b'{"hours": []}', "history"),
     ("history.json", b'{"hours": {"2026-01-01T00": [1e999, 1]}}', "history"),
+    ("history.json", b"{" * 100_000, "history"),
     ("originals.json", b"[]", "originals"),
     ("originals.json", b'{"originals": [["a", "b"]]}', "originals"),
 ]
@@ -92,8 +95,8 @@ CASES = [
 
 @pytest.mark.parametrize("name, content, outcome", CASES, ids=[
     "cp-list", "cp-truncated", "cp-binary", "cp-deleted", "cp-checksummed-overlap", "cp-checksummed-escape",
-    "cp-checksummed-foreign-cpu", "node-list", "node-deadline-word", "node-truncated", "node-infinite",
-    "history-list", "history-hours-list", "history-infinite", "originals-list", "originals-short-row"])
+    "cp-checksummed-foreign-cpu", "cp-5000-digits", "cp-nested", "node-list", "node-deadline-word", "node-truncated", "node-infinite",
+    "history-list", "history-hours-list", "history-infinite", "history-nested", "originals-list", "originals-short-row"])
 def test_a_damaged_state_file_is_kept_aside_and_the_agent_carries_on(tmp_path, topo, name, content, outcome):
     driver = first_run(tmp_path, topo)
     path = tmp_path / "state" / name
