@@ -68,20 +68,27 @@ def machine_limits(topo) -> Limits:
     return Limits(cpus=max(1, len(topo.online_cpus())), gpus=len(topo.gpus))
 
 
+def shown(value: Any, limit: int = 60) -> str:
+    """A value from a request as an error line shows it: its repr (one line), cut to ``limit``."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
 def check_name(name: Any, pod: bool = False) -> str:
     """A workload name, or ``AdmissionError`` saying why not (``pod``: a pod source's ``pod/<uid>``)."""
     if pod:
         if not isinstance(name, str) or not POD_WORKLOAD.fullmatch(name):
-            raise AdmissionError(f"pod workload name must match {POD_WORKLOAD.pattern}, got {name!r}")
+            raise AdmissionError(f"pod workload name must match {POD_WORKLOAD.pattern}, got {shown(name)}")
         return name
     if not isinstance(name, str) or not NAME.fullmatch(name):
-        raise AdmissionError(f"request name must match {NAME.pattern}, got {name!r}")
+        raise AdmissionError(f"request name must match {NAME.pattern}, got {shown(name)}")
     if name.split(".", 1)[0] in CONTROL_PREFIXES or name in CONTROL_FILES:
         raise AdmissionError(f"request name {name!r} is a cgroup control file's name (its first dotted part "
                              f"may not be a controller's, e.g. cpu., memory., cgroup.; nor tasks)")
     return name
 KNOWN_KEYS = {"name", "qos", KATALYST_QOS, "cpus", "millicpu", "numa_binding", "numa_exclusive", "single_numa_node",
               "require_whole_cores", "reclaim_allowed", "tier", "gpus", "nic", *KATALYST_ENHANCEMENTS}
+PLAIN_KEY = re.compile(r"[\w./-]{1,40}")  # a field name shown as it is in an error; any other, as its repr
 POD_KEYS = {"label"}  # only the pod source names these (a pod's namespace/name)
 LABEL = re.compile(r"^[a-z0-9][a-z0-9.-]{0,62}/[a-z0-9][a-z0-9.-]{0,252}$")
 
@@ -91,21 +98,21 @@ def _flag(owner: str, key: str, value: Any) -> bool:
         return value
     if isinstance(value, str) and value.lower() in ("true", "false"):
         return value.lower() == "true"
-    raise AdmissionError(f"request {owner!r}: {key} must be true or false, got {value!r}")
+    raise AdmissionError(f"request {owner!r}: {key} must be true or false, got {shown(value)}")
 
 
 def _count(owner: str, key: str, value: Any, most: float, *, allow_fraction: bool = False) -> float:
     """A positive number no larger than ``most`` (the machine's own size); whole unless ``allow_fraction``."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise AdmissionError(f"request {owner!r}: {key} must be a number, got {str(value)[:40]!r}")
+        raise AdmissionError(f"request {owner!r}: {key} must be a number, got {shown(value)}")
     if isinstance(value, float) and not math.isfinite(value):
         raise AdmissionError(f"request {owner!r}: {key} must be a finite number")
     if value <= 0:
-        raise AdmissionError(f"request {owner!r}: {key} must be positive, got {value!r}")
+        raise AdmissionError(f"request {owner!r}: {key} must be positive, got {shown(value)}")
     if value > most:  # compared before any conversion: a huge integer never reaches float() or int()
-        raise AdmissionError(f"request {owner!r}: asks {str(value)[:40]} {key}; this node has {most:g}")
+        raise AdmissionError(f"request {owner!r}: asks {shown(value)} {key}; this node has {most:g}")
     if not allow_fraction and value != int(value):
-        raise AdmissionError(f"request {owner!r}: {key} must be a whole number, got {value!r}")
+        raise AdmissionError(f"request {owner!r}: {key} must be a whole number, got {shown(value)}")
     return value
 
 
@@ -136,10 +143,10 @@ def parse_request(doc: Any, limits: Optional[Limits] = None, pod: bool = False) 
     name = check_name(doc.get("name"), pod)
     unknown = sorted(set(doc) - KNOWN_KEYS - (POD_KEYS if pod else set()))
     if unknown:
-        raise AdmissionError(f"request {name!r}: unknown field(s) {', '.join(u[:40] for u in unknown[:8])}")
+        raise AdmissionError(f"request {name!r}: unknown field(s) {', '.join(u if PLAIN_KEY.fullmatch(u) else shown(u, 40) for u in unknown[:8])}")
     label = doc.get("label")
     if label is not None and not (isinstance(label, str) and LABEL.fullmatch(label)):
-        raise AdmissionError(f"request {name!r}: label must be <namespace>/<pod name>, got {str(label)[:80]!r}")
+        raise AdmissionError(f"request {name!r}: label must be <namespace>/<pod name>, got {shown(label)}")
     level = doc.get("qos", doc.get(KATALYST_QOS))
     if level is None:
         raise AdmissionError(f"request {name!r}: missing qos (one of {', '.join(q.value for q in QoS)})")
@@ -147,7 +154,7 @@ def parse_request(doc: Any, limits: Optional[Limits] = None, pod: bool = False) 
         qos = QoS(level)
     except ValueError:
         raise AdmissionError(
-            f"request {name!r}: unknown qos {str(level)[:40]!r} (one of {', '.join(q.value for q in QoS)})") from None
+            f"request {name!r}: unknown qos {shown(level)} (one of {', '.join(q.value for q in QoS)})") from None
     options = _enhancements(name, doc)
     for key in ("numa_binding", "numa_exclusive", "single_numa_node", "require_whole_cores", "reclaim_allowed"):
         if key in doc:
@@ -157,7 +164,7 @@ def parse_request(doc: Any, limits: Optional[Limits] = None, pod: bool = False) 
         try:
             tier = Tier(doc["tier"])
         except ValueError:
-            raise AdmissionError(f"request {name!r}: unknown tier {str(doc['tier'])[:40]!r} (high, min or low)") from None
+            raise AdmissionError(f"request {name!r}: unknown tier {shown(doc['tier'])} (high, min or low)") from None
         if qos is not QoS.RECLAIMED:
             raise AdmissionError(f"request {name!r}: tier applies to reclaimed_cores only")
     gpus = int(_count(name, "gpus", doc["gpus"], limits.gpus)) if "gpus" in doc else 0
