@@ -677,3 +677,80 @@ def test_the_agent_knows_when_it_runs_in_a_kubelet_pod(tmp_path, text, pod):
     path = tmp_path / "cgroup"
     path.write_text(text)
     assert kubelet_pod_of_self(str(path)) == pod
+
+
+def test_the_extender_bounds_what_a_body_costs_and_how_many_are_decoded_at_once(tmp_path):
+    """#32: a 31 MiB body of small values took 657 MB (four at once peaked at 1.7 GB); whole Node objects
+    were held whole. Now: values counted before decoding (over 1,000,000: 400), two decodes at once,
+    Node objects cut to their names as they are decoded. Measured on the extender as its own process."""
+    import http.client
+    import socket
+    import subprocess
+    import sys
+    import threading
+
+    from cluster.extender import MAX_BODY, MAX_VALUES, TopologyCache
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-c", "import time\nfrom cluster.extender import serve, TopologyCache\n"
+                             f"serve(TopologyCache(), {port})\nprint('up', flush=True)\ntime.sleep(600)"],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "up"
+        hostile = b'{"Pod":{},"X":[' + b",".join([b"[1]"] * ((MAX_BODY - 4096) // 4)) + b"]}"
+        assert len(hostile) < MAX_BODY
+
+        def post(body, answers):
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+            conn.request("POST", "/filter", body, {"Content-Type": "application/json"})
+            response = conn.getresponse()
+            answers.append((response.status, json.loads(response.read())))
+            conn.close()
+
+        answers = []
+        threads = [threading.Thread(target=post, args=(hostile, answers)) for _ in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert sorted(status for status, _ in answers) == [400] * 4, answers
+        assert all(f"at most {MAX_VALUES}" in answer["Error"] for _, answer in answers)
+        with open(f"/proc/{proc.pid}/status") as handle:
+            peak_kib = next(int(line.split()[1]) for line in handle if line.startswith("VmHWM:"))
+        assert peak_kib < 250 * 1024, peak_kib  # the four bodies themselves are 124 MiB; decoding added none
+        # whole Node objects, as a scheduler without nodeCacheCapable sends them: their names come through
+        nodes = [{"metadata": {"name": f"n{i}", "labels": {"a": "b"}},
+                  "status": {"capacity": {"cpu": "8"}, "images": [{"names": ["x" * 100]}] * 20}} for i in range(500)]
+        out = []
+        post(json.dumps({"Pod": {"metadata": {"name": "p", "namespace": "d"}}, "Nodes": {"items": nodes}}).encode(),
+             out)
+        answered = set(out[0][1].get("NodeNames") or []) | set(out[0][1].get("FailedNodes") or {})
+        assert out[0][0] == 200 and answered == {f"n{i}" for i in range(500)}, out
+    finally:
+        proc.kill()
+        proc.wait()
+    cache = TopologyCache()
+    args, names = cache.read_args(json.dumps({"Pod": {"status": {"phase": "Pending"}, "metadata": {"name": "p"}},
+                                              "Nodes": {"items": nodes[:3]}}).encode())
+    assert names == ["n0", "n1", "n2"] and args["Pod"]["status"] == {"phase": "Pending"}  # a Pod is left whole
+
+
+def test_the_extender_binds_only_for_a_client_certificate_off_loopback():
+    import http.client
+
+    from cluster.extender import serve
+
+    bound = []
+    server = serve(TopologyCache(), 0, binding=(lambda *a: bound.append(a), lambda ns, name: {}),
+                   bind_needs_certificate=True)
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", server.server_address[1], timeout=10)
+        conn.request("POST", "/bind", json.dumps({"PodName": "p", "PodNamespace": "d", "PodUID": "u", "Node": "n"}),
+                     {"Content-Type": "application/json"})
+        response = conn.getresponse()
+        assert response.status == 403 and "client certificate" in json.loads(response.read())["Error"]
+        assert bound == []
+    finally:
+        server.shutdown()
