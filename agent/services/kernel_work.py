@@ -11,9 +11,11 @@ runs, median 2.5x; 0.80-1.09x over 5 with the job kept off the service's cpu.
 
 So a reclaimed workload whose kernel time (``cpuacct.stat`` ``system`` on v1, ``cpu.stat``
 ``system_usec`` on v2) reaches ``KERNEL_SHARE`` of its cpu time over a period, and at least
-``MIN_KERNEL_MILLICPU``, is **confined**: its cpuset leaves out the shared and reserved pools' cpus
-and keeps the reclaim pool's (lent cpus; where nothing is lent, the reserved pool's, as any reclaimed
-work without idle harvesting). It stays confined until ``RELEASE_PERIODS`` periods in a row under the
+``MIN_KERNEL_MILLICPU``, is **confined**: its cpuset leaves out the shared pool's cpus and keeps the
+reclaim pool's (lent cpus). Where nothing is lent it waits on the shared pool at the minimum quota
+(the reserved pool is never lent: ``qrm.assignment``); ``MIN_KERNEL_MILLICPU`` is above that quota, so
+what a waiting workload does never looks heavy, and it is released to try again after
+``RELEASE_PERIODS``. It stays confined until ``RELEASE_PERIODS`` periods in a row under the
 mark: a job's phases (load, compute) last minutes, and each move costs it its cache.
 A new workload starts confined, on probation, for its first ``PROBATION_PERIODS`` periods: a
 job's first seconds (loading its input, building its tables) are often its most kernel-bound, and a
@@ -26,7 +28,9 @@ from __future__ import annotations
 from typing import Dict, Mapping, Optional, Tuple
 
 KERNEL_SHARE = 0.3  # of a workload's own cpu time, spent in the kernel
-MIN_KERNEL_MILLICPU = 5  # and at least this much kernel time per second: a sleeping job is not worth a move
+# and at least this much kernel time per second: a sleeping job is not worth a move, and a waiting one (at the
+# minimum quota, 10 millicpu: isolation.cgroups.desired.MIN_QUOTA_US) must never look heavy for waiting
+MIN_KERNEL_MILLICPU = 20
 RELEASE_PERIODS = 60
 PROBATION_PERIODS = 4
 

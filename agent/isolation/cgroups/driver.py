@@ -431,6 +431,28 @@ class KernelCgroups:
                     fixed.append(pid)
         return fixed
 
+    def accounting_controllers(self) -> List[str]:
+        """Where an offline system's own cgroup (``--offline-cgroup``) lives: v2's one tree; on v1 the
+        accounting hierarchies only (cpu/cpuacct and memory), never cpuset, whose new children start
+        with no cpus (a process there could run nowhere)."""
+        if self.version == 2:
+            return [""]
+        return [c for c in self._distinct if c in ("cpu", "cpuacct", "memory")]
+
+    def join_offline(self, path: str, pid: int) -> None:
+        """Put ``pid`` in the offline cgroup ``path`` (from the hierarchies' roots, see ``root_view``),
+        making it where it is missing; only where accounting is kept (``accounting_controllers``)."""
+        for controller in self.accounting_controllers():
+            directory = self._dir(controller, path)
+            try:
+                os.makedirs(directory, exist_ok=True)
+                with open(os.path.join(directory, "cgroup.procs"), "w") as handle:
+                    handle.write(str(pid))
+            except OSError as exc:
+                if exc.errno == errno.ESRCH:
+                    raise CgroupError(f"pid {pid}: no such process") from None
+                raise CgroupError(f"{directory}: cannot move pid {pid}: {exc.strerror}") from None
+
     def move(self, path: str, pid: int) -> None:
         for controller in self._distinct:
             target = os.path.join(self._dir(controller, path), "cgroup.procs")
@@ -702,6 +724,13 @@ class RecordingCgroups:
 
     def procs(self, path: str) -> List[int]:
         return list(self.members.get(path, []))
+
+    def join_offline(self, path: str, pid: int) -> None:
+        self.create(path)
+        self.move(path, pid)
+
+    def procs_anywhere(self, path: str) -> List[int]:
+        return self.procs(path)
 
     def move(self, path: str, pid: int) -> None:
         if path not in self.members:
