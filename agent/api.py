@@ -12,6 +12,7 @@
 | GET    | /v1/capacity[?format=yarn|mesos|mesos-array][&wait_generation=N&timeout=S] | | 200 reclaimed capacity (long-poll) |
 | GET    | /v1/node                      |                     | 200 node state (lending)         |
 | POST   | /v1/node/lend, /v1/node/reclaim | {"notice": "60s"} | 200; 409 wrong state             |
+| POST   | /v1/offline/attach            | {"cgroup", "pid"}   | 200: pid in a declared offline cgroup (root) |
 | GET    | /v1/evictions                 |                     | 200 recent evictions, by tier and cause |
 | GET    | /v1/net                       |                     | 200 traffic classes per NIC      |
 | GET    | /openapi.json                 |                     | 200 this API's OpenAPI document  |
@@ -76,6 +77,7 @@ class AgentFace(Protocol):
     def wait_capacity(self, generation: int, timeout: float) -> Dict[str, Any]: ...
     def node_doc(self) -> Dict[str, Any]: ...
     def lend(self, notice: Any) -> Dict[str, Any]: ...
+    def join_offline(self, cgroup: Any, pid: Any) -> Dict[str, Any]: ...
     def take_back(self, notice: Any) -> Dict[str, Any]: ...
     def net_status(self) -> Dict[str, Any]: ...
     def workloads(self) -> List[Dict[str, Any]]: ...
@@ -221,6 +223,11 @@ class _Handler(BaseHTTPRequestHandler):
                 return self._send(200, agent.lend(_notice(self._body())))
             if method == "POST" and route == ["node", "reclaim"]:
                 return self._send(200, agent.take_back(_notice(self._body())))
+            if method == "POST" and route == ["offline", "attach"]:
+                body = self._body()
+                if not isinstance(body, dict) or set(body) - {"cgroup", "pid"}:
+                    raise AdmissionError('body must be {"cgroup": "/hadoop-yarn", "pid": N}')
+                return self._send(200, agent.join_offline(body.get("cgroup"), body.get("pid")))
             if method == "GET" and route == ["evictions"]:
                 return self._send(200, {"evictions": agent.evictions, "by_tier": agent.evictions_by_tier,
                                         "by_cause": agent.evictions_by_cause})

@@ -78,6 +78,8 @@ def check(caller: Caller, method: str, route: Sequence[str]) -> None:
         return
     if tuple(route[:1]) == ("node",):
         raise Forbidden(f"{caller.describe()} may not change the node's lending state (root only)")
+    if tuple(route[:1]) == ("offline",):
+        raise Forbidden(f"{caller.describe()} may not move processes into offline systems' cgroups (root only)")
 
 
 def check_admit(owner: Optional[int], qos: str, owned: int, limit: int) -> None:

@@ -185,6 +185,13 @@ def parse_reserved(value: Optional[str]):
 @click.option("--offline-cgroup", "offline_cgroups", multiple=True, metavar="PATH",
               help="A cgroup outside Tidal's tree (from the hierarchy's root, e.g. /hadoop-yarn) whose cpu and "
                    "memory are offline work's, not online demand. Repeatable; may not exist yet.")
+@click.option("--yarn-nodemanager-cgroup", "nm_cgroups", multiple=True, metavar="PATH",
+              help="A YARN NodeManager's own cgroup (from the hierarchy's root, e.g. /hadoop-yarn; start it there "
+                   "with `tidal run --offline-cgroup PATH -- yarn nodemanager`): offline like --offline-cgroup, never "
+                   "evicted; every container it launches is moved into Tidal's reclaimed tree, where lending, "
+                   "capacity and memory stop them and leave the NodeManager running. Repeatable.")
+@click.option("--yarn-container-tier", default="low", show_default=True, type=click.Choice(["high", "min", "low"]),
+              help="The eviction tier of YARN containers (--yarn-nodemanager-cgroup).")
 @click.option("--eviction-grace", default=10.0, show_default=True, type=click.FloatRange(0, 3600),
               help="Seconds over-committed reclaimed work is throttled before whole workloads are evicted.")
 @click.option("--memory-evict-below", default=None, metavar="SIZE",
@@ -242,7 +249,8 @@ def parse_reserved(value: Optional[str]):
 def agent(root: str, socket_path: str, state_dir: str, reserved_cpus, period: float, tcp_port, tcp_token_file,
           socket_group, max_workloads_per_user: int, plugin_uid, plugin_socket, cgroup_base: str,
           cgroup_parent: str, no_resize: bool, revert: bool, push_command, push_url, push_format: str,
-          push_resend: float, yarn_rm, yarn_node_id, yarn_node_host, offline_cgroups, eviction_grace: float,
+          push_resend: float, yarn_rm, yarn_node_id, yarn_node_host, offline_cgroups, nm_cgroups,
+          yarn_container_tier: str, eviction_grace: float,
           memory_evict_below, memory_pressure_threshold: float, cpu_pressure_threshold: float,
           io_pressure_threshold: float, online_policy: str, hooks, guard_interval: float,
           no_confine_self: bool, record_cgroups: bool,
@@ -264,7 +272,11 @@ def agent(root: str, socket_path: str, state_dir: str, reserved_cpus, period: fl
                          push_command=parse_argv("--push-command", push_command), push_url=push_url,
                          push_format=push_format, push_resend=push_resend,
                          yarn_rm=check_yarn_rm(yarn_rm, yarn_node_id, yarn_node_host), yarn_node_id=yarn_node_id,
-                         yarn_node_host=yarn_node_host, offline_cgroups=parse_offline_cgroups(offline_cgroups, cgroup_base),
+                         yarn_node_host=yarn_node_host,
+                         offline_cgroups=parse_offline_cgroups(dict.fromkeys(offline_cgroups + nm_cgroups), cgroup_base),
+                         yarn_nodemanager_cgroups=parse_offline_cgroups(nm_cgroups, cgroup_base,
+                                                                        "--yarn-nodemanager-cgroup"),
+                         yarn_container_tier=yarn_container_tier,
                          eviction_grace=eviction_grace,
                          memory_evict_below=parse_size("--memory-evict-below", memory_evict_below),
                          memory_pressure_threshold=memory_pressure_threshold,
@@ -335,18 +347,18 @@ def parse_size(option: str, value: Optional[str]) -> Optional[int]:
     return size
 
 
-def parse_offline_cgroups(paths, base: str = "tidal") -> tuple:
+def parse_offline_cgroups(paths, base: str = "tidal", option: str = "--offline-cgroup") -> tuple:
     out = []
     for path in paths:
         parts = [p for p in path.split("/") if p]
         if not parts or any(p in (".", "..") for p in parts) or any(c in path for c in "\0\n"):
-            raise TidalError(f"--offline-cgroup: expected a cgroup path from the hierarchy's root, got {path!r}")
+            raise TidalError(f"{option}: expected a cgroup path from the hierarchy's root, got {path!r}")
         if parts[0] == base:
-            raise TidalError(f"--offline-cgroup {path}: inside Tidal's own tree, which is counted already "
+            raise TidalError(f"{option} {path}: inside Tidal's own tree, which is counted already "
                              f"(run offline work as reclaimed_cores workloads there)")
         out.append("/".join(parts))
     if len(set(out)) != len(out):
-        raise TidalError("--offline-cgroup: a path is given twice")
+        raise TidalError(f"{option}: a path is given twice")
     return tuple(out)
 
 
@@ -437,15 +449,27 @@ def _client(socket_path: str):
 @click.option("--numa-exclusive", is_flag=True, help="dedicated_cores: take the NUMA node alone.")
 @click.option("--tier", type=click.Choice(["high", "min", "low"]), default=None, help="reclaimed_cores tier.")
 @click.option("--name", default=None, help="Workload name (default run-<pid>).")
+@click.option("--offline-cgroup", default=None, metavar="PATH",
+              help="Run COMMAND in this offline system's own cgroup instead (one the agent declares with "
+                   "--offline-cgroup or --yarn-nodemanager-cgroup: a NodeManager, a ResourceManager); root only.")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def run(socket_path: str, qos: str, cpus, millicpu, numa_binding: bool, numa_exclusive: bool, tier, name,
-        command) -> None:
+        offline_cgroup, command) -> None:
     """Run COMMAND in a workload: ask the agent for an allocation, join its cgroup, exec.
 
     The exit status is COMMAND's own (this process becomes it, as with
     `systemd-run --scope`); the agent releases the allocation once its
     cgroup is empty.
     """
+    if offline_cgroup is not None:
+        ctx = click.get_current_context()
+        given = [o for o in ("qos", "cpus", "millicpu", "numa_binding", "numa_exclusive", "tier", "name")
+                 if ctx.get_parameter_source(o) is not click.core.ParameterSource.DEFAULT]
+        if given:
+            raise TidalError(f"--offline-cgroup runs COMMAND outside Tidal's workloads: "
+                             f"--{given[0].replace('_', '-')} does not go with it")
+        _client(socket_path).request("POST", "/v1/offline/attach", {"cgroup": offline_cgroup, "pid": os.getpid()})
+        _exec(command)
     if cpus is not None and millicpu is not None:
         raise TidalError("give --cpus or --millicpu, not both")
     doc = {"name": name or f"run-{os.getpid()}", "qos": qos}
@@ -475,6 +499,16 @@ def run(socket_path: str, qos: str, cpus, millicpu, numa_binding: bool, numa_exc
     except TidalError:
         client.call("DELETE", f"/v1/workloads/{quote(doc['name'], safe='')}")
         raise
+
+
+def _exec(command) -> None:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        os.execvp(command[0], list(command))
+    except OSError as exc:
+        click.echo(f"tidal: error: cannot run {command[0]!r}: {exc.strerror}", err=True)
+        sys.exit(127)
 
 
 @main.command()
@@ -717,6 +751,41 @@ def net_status(socket_path: str, as_json: bool) -> None:
                 if c:
                     click.echo(f"    {name:<8} {format_rate(c['rate_bps']):>10} {format_rate(c['ceil_bps']):>10} "
                                f"{c['bytes']:>14} {c['packets']:>10} {c['drops']:>7}")
+
+
+@main.group(cls=_Group)
+def yarn() -> None:
+    """YARN beside Tidal: the NodeManager's configuration and how to start it."""
+
+
+@yarn.command("config")
+@click.option("--rm", "rm_url", default=None, metavar="URL",
+              help="Read the minimum allocation from this ResourceManager (its web address) instead of YARN's "
+                   "defaults (1 vcore, 1024 MB).")
+@click.option("--nodemanager-cgroup", default="/hadoop-yarn", show_default=True, metavar="PATH",
+              help="The NodeManager's own cgroup, as given to the agent's --yarn-nodemanager-cgroup.")
+def yarn_config(rm_url, nodemanager_cgroup: str) -> None:
+    """Print the yarn-site.xml properties a NodeManager next to Tidal needs, and the commands that start
+    the agent and the NodeManager."""
+    from agent.reporter.yarn import YarnTarget, site_fragment
+    from contracts.capacity import YARN_DEFAULT_MINIMUM
+
+    (path,) = parse_offline_cgroups([nodemanager_cgroup], option="--nodemanager-cgroup")
+    minimum = YARN_DEFAULT_MINIMUM
+    if rm_url is not None:
+        check_yarn_rm(rm_url, None, None)
+        target = YarnTarget(rm_url)
+        minimum = target.read_minimum()
+        if target.minimum_source != "rm":
+            raise TidalError(f"--rm {rm_url}: the ResourceManager did not say its minimum allocation (is it "
+                             f"running? GET {rm_url}/conf)")
+    rm = rm_url or "http://RM-HOST:8088"
+    click.echo(f"<!-- yarn-site.xml of the NodeManager, inside <configuration>; for the RM at {rm} -->")
+    click.echo(site_fragment(*minimum), nl=False)
+    click.echo(f"<!-- then, as root:\n"
+               f"  tidal agent --yarn-rm {rm} --yarn-nodemanager-cgroup /{path}\n"
+               f"  tidal run --offline-cgroup /{path} -- \"$HADOOP_HOME/bin/yarn\" nodemanager\n"
+               f"-->")
 
 
 @main.group(cls=_Group)

@@ -108,6 +108,10 @@ class AgentConfig:
     yarn_node_id: Optional[str] = None  # default: found in the RM's node list by host name
     yarn_node_host: Optional[str] = None  # the NodeManager's host name, where it is not this host's
     offline_cgroups: tuple = ()  # cgroups (from the hierarchy's root) whose use is offline, not online
+    # offline daemons' cgroups (YARN NodeManagers): offline, never evicted; their containers go to Tidal's
+    # reclaimed tree (services.offline_containers)
+    yarn_nodemanager_cgroups: tuple = ()
+    yarn_container_tier: str = "low"
     guard_interval: float = 0.05  # the fast guard's sampling interval (0: off)
     api_poll_interval: float = 0.5  # how often idle API threads wake (shutdown latency vs idle cpu)
     drift_check_period: float = 30.0  # seconds between full reads of the cgroup tree (drift repair)
@@ -319,6 +323,15 @@ class Agent:
                                  cfg.memory_evict_below, cfg.memory_pressure_threshold)
         self.admission.homeless = lambda: self.eviction.homeless(self.enforcement.harvest)
         self.node = Lending(owner, self.lending, self.eviction, self.harvest, self.enforcement, cfg.online_policy)
+        self.containers = None
+        if cfg.yarn_nodemanager_cgroups:
+            from agent.services.offline_containers import OfflineContainers
+
+            rooted = self.driver.root_view()
+            self.containers = OfflineContainers(
+                cfg.yarn_nodemanager_cgroups, rooted.procs_anywhere,
+                admit=lambda doc: self.admission.admit(doc), attach=self.admission.attach,
+                exists=lambda name: self.owner.state.get(name) is not None, tier=cfg.yarn_container_tier)
 
     def _start_net(self) -> None:
         """Traffic shaping (isolation.net) after the cgroups exist: the classifier matches the
@@ -386,6 +399,22 @@ class Agent:
                 "nri_plugin": state if age is not None and age < NRI_FRESH_SECONDS else "not heard from",
                 "nri_last_heard_seconds": round(age, 1) if age is not None else None}
 
+    def join_offline(self, cgroup: Any, pid: Any) -> Dict[str, Any]:
+        """Put ``pid`` in a declared offline cgroup (an offline system's daemon: ``tidal run --offline-cgroup``)."""
+        declared = tuple(self.config.offline_cgroups) + tuple(self.config.yarn_nodemanager_cgroups)
+        path = cgroup.strip("/") if isinstance(cgroup, str) else None
+        if path not in {c.strip("/") for c in declared}:
+            raise AdmissionError(f"cgroup must be one of the agent's --offline-cgroup or --yarn-nodemanager-cgroup "
+                                 f"({', '.join('/' + c.strip('/') for c in declared) or 'none declared'}), "
+                                 f"got {str(cgroup)[:80]!r}")
+        if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0:
+            raise AdmissionError(f"pid must be a positive integer, got {str(pid)[:40]!r}")
+        try:
+            self.driver.root_view().join_offline(path, pid)
+        except CgroupError as exc:
+            raise AdmissionError(f"cannot move pid {pid} into /{path}: {exc}") from None
+        return {"cgroup": "/" + path, "pid": pid}
+
     def lend(self, notice: Any) -> Dict[str, Any]:
         return self.node.lend(notice)
 
@@ -446,6 +475,7 @@ class Agent:
                 "offline_cgroups": [{"path": p, "millicpu": self.harvest.offline_usage.get(p)}
                                     for p in self.harvest.offline_cgroups],
                 "push": self.pusher.records() if self.pusher is not None else [],
+                "offline_containers": self.containers.status() if self.containers is not None else None,
                 "last_reconcile_ms": round(self.last_reconcile_ms, 3),
                 "state_file": self.store.path, "socket": self.config.socket_path,
                 "runtime": {**self.runtime_integration(), "kubelet_cpu_manager": self.config.kubelet_cpu_manager},
@@ -502,6 +532,8 @@ class Agent:
                 self._last_watch = now
                 self.admission.release_empty(paths, now)
                 self.harvest.forget(paths.values())
+            if self.containers is not None:
+                self.containers.adopt()
             if self.config.resize and sampled:
                 self.harvest.resize()
             self.harvest.refresh(now, epoch)

@@ -1,7 +1,7 @@
 """Node lending states and the names that carry them between agent and cluster.
 
 ``Online -> OnlineToOffline -> Offline -> OfflineToOnline -> Online``
-(ARCHITECTURE.md "The model"). The cluster's lending controller sets the
+(docs/architecture.md "The model"). The cluster's lending controller sets the
 node label; the agent follows it and says where it is in the annotation.
 """
 

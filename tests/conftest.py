@@ -1,6 +1,6 @@
 """Shared fixtures: hwloc snapshots (extracted once per session) and synthetic trees.
 
-Fixtures are named by shape, as ARCHITECTURE.md asks (``topo_dual_socket_ht``).
+Fixtures are named by shape, as docs/architecture.md asks (``topo_dual_socket_ht``).
 """
 
 from __future__ import annotations

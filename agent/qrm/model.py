@@ -1,6 +1,6 @@
 """The QoS resource manager's data: levels, requests, allocations, pools.
 
-QoS levels (ARCHITECTURE.md "The model"):
+QoS levels (docs/architecture.md "The model"):
 
 * ``system_cores``: runs on the reserved pool; never handed to anyone else.
 * ``dedicated_cores``: exclusive cpus (whole physical cores when the count

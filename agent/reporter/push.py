@@ -54,6 +54,11 @@ class Target:
     def send(self, doc: Dict[str, Any]) -> None:
         raise NotImplementedError
 
+    def retry_after(self, exc: Exception) -> Optional[float]:
+        """How soon to try again after ``exc``: None for the pusher's growing backoff; a target that knows
+        its peer is merely not there yet (no NodeManager registered) asks sooner."""
+        return None
+
     def record(self) -> Dict[str, Any]:
         return {"kind": self.kind, "name": self.name, "sent": self.sent, "failures": self.failures,
                 "consecutive_failures": self.consecutive_failures, "last_error": self.last_error,
@@ -168,7 +173,11 @@ class Pusher:
                     target.failures += 1
                     target.consecutive_failures += 1
                     target.last_error = str(exc)[:300]
-                    log.warning("push of capacity generation %s to %s failed (%s); retrying in %.1fs",
-                                doc.get("generation"), target.name, exc, target.backoff)
-                    self._due[index] = time.monotonic() + target.backoff
-                    target.backoff = min(self.max_backoff, target.backoff * 2)
+                    soon = target.retry_after(exc)
+                    wait = soon if soon is not None else target.backoff
+                    if target.consecutive_failures == 1 or soon is None:  # a wait for a peer is said once
+                        log.warning("push of capacity generation %s to %s failed (%s); retrying in %.1fs",
+                                    doc.get("generation"), target.name, exc, wait)
+                    self._due[index] = time.monotonic() + wait
+                    if soon is None:
+                        target.backoff = min(self.max_backoff, target.backoff * 2)

@@ -1,10 +1,15 @@
 """A YARN ResourceManager as a push target: the node-resource REST call, done right.
 
 * **The node** is found in the RM's node list (``GET /ws/v1/cluster/nodes``):
-  the one running node whose ``nodeHostName`` is this host's name (or
-  ``node_host``), unless ``node_id`` names it. A NodeManager's id carries its
-  port, which is random by default, so a configured id goes stale when the NM
-  restarts; a 404 drops the id and the next try looks again.
+  the live node whose ``nodeHostName`` is this host's name (or ``node_host``),
+  unless ``node_id`` names it. A NodeManager's id carries its port, random by
+  default, so a restarted NM is a new node, and the RM lists the dead one as
+  RUNNING for minutes (until it is LOST): of several, the one whose port a
+  process on this host listens on is the live one, else the one registered
+  last (the highest ``lastHealthUpdate``). Any failed push drops a found id,
+  and the next try looks again; while no NodeManager is registered the RM is
+  asked again every ``waiting_retry`` seconds, not after a growing backoff, so
+  an NM that registers (at its own configured figure) is corrected at once.
 * **The floor**: the RM's ``yarn.scheduler.minimum-allocation-vcores`` and
   ``-mb`` (read from its ``/conf``; YARN's defaults, 1 and 1024, when it
   will not say). A node below them is shut down by the RM the next time its
@@ -36,8 +41,36 @@ class YarnError(RuntimeError):
     pass
 
 
+def _port(node_id: Any) -> Optional[int]:
+    try:
+        return int(str(node_id).rsplit(":", 1)[1])
+    except (IndexError, ValueError):
+        return None
+
+
+def listening_ports(proc: str = "/proc") -> set:
+    """TCP ports some process on this host listens on (the kernel's socket tables)."""
+    ports = set()
+    for table in ("tcp", "tcp6"):
+        try:
+            with open(f"{proc}/net/{table}") as handle:
+                next(handle, None)
+                for line in handle:
+                    fields = line.split()
+                    if len(fields) > 3 and fields[3] == "0A":  # TCP_LISTEN
+                        ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+        except (OSError, ValueError, IndexError):
+            continue
+    return ports
+
+
+class NoNodeManager(YarnError):
+    """No live NodeManager of this host is registered (yet): asked again soon, not after a backoff."""
+
+
 class YarnTarget(Target):
     kind = "yarn"
+    waiting_retry = 1.0
 
     def __init__(self, rm_url: str, node_id: Optional[str] = None, node_host: Optional[str] = None,
                  user: str = "tidal", timeout: float = 10.0) -> None:
@@ -90,18 +123,21 @@ class YarnTarget(Target):
         return sorted(n for n in names if n)
 
     def discover(self) -> str:
-        """The id of this host's running NodeManager in the RM's node list."""
+        """The id of this host's live NodeManager in the RM's node list (see the module docstring)."""
         names = set(self.host_names())
         nodes = self.nodes()
         mine = [n for n in nodes if n.get("nodeHostName") in names and n.get("state") in LIVE_STATES]
-        if len(mine) == 1:
+        if len(mine) > 1:
+            ports = listening_ports()
+            listened = [n for n in mine if _port(n.get("id")) in ports]
+            if listened:
+                mine = listened
+            mine = sorted(mine, key=lambda n: (n.get("state") == "RUNNING", n.get("lastHealthUpdate") or 0))[-1:]
+        if mine:
             return mine[0]["id"]
         seen = ", ".join(f"{n.get('id')} ({n.get('state')})" for n in nodes) or "none"
-        if not mine:
-            raise YarnError(f"no running NodeManager of host {'/'.join(sorted(names))} in the RM's node list "
-                            f"(nodes: {seen}); pass --yarn-node-host or --yarn-node-id")
-        raise YarnError(f"{len(mine)} running NodeManagers on {'/'.join(sorted(names))} ({seen}); "
-                        f"pass --yarn-node-id")
+        raise NoNodeManager(f"no running NodeManager of host {'/'.join(sorted(names))} in the RM's node list "
+                            f"(nodes: {seen}); asking again every {self.waiting_retry:g} s")
 
     def read_minimum(self) -> Tuple[int, int]:
         """The RM's minimum allocation (vcores, MB) from its ``/conf``; YARN's defaults when it will not say."""
@@ -129,10 +165,10 @@ class YarnTarget(Target):
         path = f"/ws/v1/cluster/nodes/{urllib.parse.quote(self.node_id, safe=':')}/resource"
         try:
             answer = self._call("POST", path, yarn_body(vcores, mb, YARN_OVERCOMMIT_TIMEOUT))
-        except YarnError as exc:
-            if " 404 " in str(exc) or "not found" in str(exc).lower():
-                # the NM re-registered under a new port (or left): look for it again on the next try
-                self.node_id = self.configured_node_id if self.configured_node_id != self.node_id else None
+        except YarnError:
+            # a dead NM's id answers 503 ("Failed to update the node resource") or 404: whatever the RM said,
+            # the next try looks for the live node again (a configured id is kept: it is the operator's word)
+            self.node_id = self.configured_node_id
             raise
         got = self._resource_of(answer)
         for _ in range(5):  # the RM applies the update on its scheduler's thread: read the node back
@@ -144,6 +180,10 @@ class YarnTarget(Target):
             raise YarnError(f"the RM set node {self.node_id} to {got} (vcores, MB), not ({vcores}, {mb}) as sent")
         self.last_sent = {"node_id": self.node_id, "vcores": vcores, "memory_mb": mb, "floored": self.floored,
                           "node_state": doc.get("node_state")}
+
+    def retry_after(self, exc: Exception) -> Optional[float]:
+        """How soon to try again after ``exc`` (None: the pusher's backoff)."""
+        return self.waiting_retry if isinstance(exc, NoNodeManager) else None
 
     @staticmethod
     def _resource_of(doc: Any) -> Optional[Tuple[int, int]]:
@@ -161,3 +201,30 @@ class YarnTarget(Target):
         out.update({"node_id": self.node_id, "minimum": list(self.minimum) if self.minimum else None,
                     "minimum_source": self.minimum_source, "floored": self.floored})
         return out
+
+
+# what a NodeManager next to Tidal needs in its yarn-site.xml (`tidal yarn config`), each with why
+SITE = (
+    ("yarn.nodemanager.resource.cpu-vcores", "{vcores}",
+     "what the NodeManager claims when it registers, before Tidal sets its figure: the RM's minimum, never "
+     "more than Tidal gives (YARN's default, 8, on any machine, is what a restarted NM held for minutes)"),
+    ("yarn.nodemanager.resource.memory-mb", "{mb}", "likewise, in MB"),
+    ("yarn.nodemanager.resource.detect-hardware-capabilities", "false",
+     "the figures above, not the machine's: Tidal says what of the machine is offline's"),
+    ("yarn.nodemanager.container-executor.class",
+     "org.apache.hadoop.yarn.server.nodemanager.DefaultContainerExecutor",
+     "containers start in the NodeManager's cgroup; Tidal moves each into its reclaimed tree within a period "
+     "(LinuxContainerExecutor works too, with YARN's own cgroups handler off: two managers of one cgroup "
+     "undo each other)"),
+    ("yarn.nodemanager.vmem-check-enabled", "false",
+     "memory is bounded by Tidal's reclaimed tree (memory.high/max), which the kernel enforces"),
+)
+
+
+def site_fragment(vcores: int = YARN_DEFAULT_MINIMUM[0], mb: int = YARN_DEFAULT_MINIMUM[1]) -> str:
+    """The ``<property>`` elements of ``SITE`` (to paste into yarn-site.xml's ``<configuration>``)."""
+    rows = []
+    for name, value, why in SITE:
+        rows.append(f"  <!-- {why} -->\n  <property><name>{name}</name>"
+                    f"<value>{value.format(vcores=vcores, mb=mb)}</value></property>")
+    return "\n".join(rows) + "\n"

@@ -64,6 +64,7 @@ class FakeRM:
         self.minimum = minimum
         self.posts = []
         self.lie = False
+        self.dead = set()  # node ids the RM still lists but cannot update (an NM that exited: 503)
         rm = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -97,6 +98,9 @@ class FakeRM:
                 path = self.path.split("?")[0]
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 for node in rm.nodes:
+                    if path == f"/ws/v1/cluster/nodes/{node['id']}/resource" and node["id"] in rm.dead:
+                        rm.posts.append((node["id"], "refused"))
+                        return self.answer(503, {"RemoteException": {"message": "Failed to update the node resource"}})
                     if path == f"/ws/v1/cluster/nodes/{node['id']}/resource":
                         rm.posts.append((node["id"], body))
                         res = body["resource"]
@@ -138,6 +142,47 @@ def test_yarn_target_looks_again_when_the_nodemanager_comes_back_on_another_port
         target.send(doc(3000, 4 * GIB))
     target.send(doc(3000, 4 * GIB))
     assert rm.posts[-1][0] == "tidal-test-host:50505"
+
+
+def test_a_restarted_nodemanager_is_found_though_the_rm_still_lists_the_dead_one(rm):
+    """#38: the RM listed the dead NM as RUNNING for 12 minutes and answered 503 to its updates; the
+    agent kept pushing to it while the new NM held YARN's defaults. Now any failure looks again, and of
+    two live-looking nodes the one whose port is listened on here is taken."""
+    import socket
+
+    target = YarnTarget(rm.url, node_host="tidal-test-host")
+    target.send(doc(3000, 4 * GIB))
+    with socket.socket() as live:
+        live.bind(("127.0.0.1", 0))
+        live.listen()
+        port = live.getsockname()[1]
+        rm.dead.add("tidal-test-host:41234")  # the old NM exited; the RM does not know yet
+        rm.nodes.append({"id": f"tidal-test-host:{port}", "nodeHostName": "tidal-test-host", "state": "RUNNING",
+                         "totalResource": {"memory": 8192, "vCores": 8}})  # YARN's defaults, registered anew
+        with pytest.raises(YarnError, match="503"):
+            target.send(doc(3000, 4 * GIB))
+        target.send(doc(3000, 4 * GIB))
+    assert rm.posts[-1] == (f"tidal-test-host:{port}", {"resource": {"memory": 4096, "vCores": 3},
+                                                         "overCommitTimeout": -1})
+    assert rm.nodes[-1]["totalResource"] == {"memory": 4096, "vCores": 3}
+
+
+def test_while_no_nodemanager_is_registered_the_rm_is_asked_every_second_not_after_a_backoff(rm):
+    target = YarnTarget(rm.url, node_host="tidal-test-host")
+    registered = rm.nodes[0]
+    rm.nodes = rm.nodes[1:]  # no NM of this host yet
+    pusher = Pusher([target], resend_s=60)
+    try:
+        pusher.submit(doc(2000, 2 * GIB))
+        time.sleep(4.5)  # a backoff would be at 8 s by now; the wait for a NodeManager stays at 1 s
+        assert target.consecutive_failures >= 4 and not rm.posts
+        rm.nodes.append(registered)
+        appeared = time.monotonic()
+        while not rm.posts and time.monotonic() - appeared < 10:
+            time.sleep(0.02)
+        assert rm.posts and time.monotonic() - appeared < 1.5, time.monotonic() - appeared
+    finally:
+        pusher.close()
 
 
 def test_yarn_target_names_what_it_found_when_its_host_is_not_there(rm):

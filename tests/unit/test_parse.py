@@ -1,4 +1,4 @@
-"""Parsers on literal strings (ARCHITECTURE.md convention 2)."""
+"""Parsers on literal strings (docs/architecture.md convention 2)."""
 
 import pytest
 

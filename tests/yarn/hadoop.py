@@ -44,8 +44,17 @@ def _site(properties: Dict[str, str]) -> str:
     return f'<?xml version="1.0"?>\n<configuration>\n{rows}</configuration>\n'
 
 
+def site_properties(fragment: str) -> Dict[str, str]:
+    """The properties of a yarn-site.xml fragment (what ``tidal yarn config`` prints)."""
+    import re
+
+    return dict(re.findall(r"<property><name>([^<]+)</name><value>([^<]*)</value></property>", fragment))
+
+
 class Yarn:
-    def __init__(self, lib: Path, work: Path, java_home: Optional[str] = None) -> None:
+    def __init__(self, lib: Path, work: Path, java_home: Optional[str] = None,
+                 node_manager: Optional[Dict[str, str]] = None) -> None:
+        """``node_manager``: the NodeManager's properties for Tidal (``tidal yarn config``), over the rest."""
         self.lib, self.work = lib, work
         self.java_home = java_home or str(Path(os.path.realpath(subprocess.check_output(
             ["sh", "-c", "command -v java"], text=True).strip())).parent.parent)
@@ -72,13 +81,12 @@ class Yarn:
             "yarn.nodemanager.vmem-check-enabled": "false",
             "yarn.nodemanager.pmem-check-enabled": "false",
             "yarn.nodemanager.disk-health-checker.max-disk-utilization-per-disk-percentage": "99.9",
-            "yarn.nodemanager.resource.memory-mb": "8192",
-            "yarn.nodemanager.resource.cpu-vcores": "8",
             "yarn.nodemanager.admin-env": f"JAVA_TOOL_OPTIONS={ADD_OPENS}",
             "yarn.nodemanager.env-whitelist": "JAVA_HOME,PATH,LANG,TZ",
             "yarn.application.classpath": f"{self.conf}:{lib}/*",  # containers read the same yarn-site.xml
             "yarn.log-aggregation-enable": "false",
             "yarn.timeline-service.enabled": "false",
+            **(node_manager or {}),
         }
         (self.conf / "yarn-site.xml").write_text(_site(yarn))
         # the RM's default scheduler (capacity) with one queue, as a fresh install has it

@@ -1,0 +1,103 @@
+"""A NodeManager's containers go to Tidal's reclaimed tree; the NodeManager stays where it is (#38).
+
+The agent runs with a recording driver (nothing touches the host); the NodeManager's cgroup holds a fake
+NodeManager and its containers, each with its /proc entry (environ, stat) in a fake /proc.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+from agent.daemon import Agent, AgentConfig
+from agent.isolation.cgroups.driver import RecordingCgroups
+from agent.services.offline_containers import OfflineContainers, container_of, workload_name
+from agent.topology.synthetic import Shape, build_topology
+
+TOPO = build_topology(Shape(sockets=1, numa_per_socket=1, cores_per_numa=4, threads_per_core=1))
+NM = "hadoop-yarn"
+
+
+def fake_proc(root, pid, environ, started=100):
+    os.makedirs(root / str(pid), exist_ok=True)
+    (root / str(pid) / "environ").write_bytes(b"\0".join(f"{k}={v}".encode() for k, v in environ.items()) + b"\0")
+    (root / str(pid) / "stat").write_text(f"{pid} (java) S 1 " + " ".join(["0"] * 17) + f" {started} 0 0\n")
+
+
+def agent_with_nodemanager(tmp_path, **config):
+    driver = RecordingCgroups()
+    agent = Agent(AgentConfig(socket_path=str(tmp_path / "a.sock"), state_dir=str(tmp_path / "s"), reserved_cpus=(0,),
+                              offline_cgroups=(NM,), yarn_nodemanager_cgroups=(NM,), resize=False, **config),
+                  echo=lambda line: None, driver=driver, topology=TOPO)
+    agent.start()
+    driver.create(NM)
+    return agent, driver
+
+
+def test_containers_move_to_the_reclaimed_tree_and_the_nodemanager_stays(tmp_path):
+    agent, driver = agent_with_nodemanager(tmp_path)
+    proc = tmp_path / "proc"
+    fake_proc(proc, 500, {"PATH": "/usr/bin", "HADOOP_HOME": "/opt"})  # the NodeManager
+    fake_proc(proc, 600, {"CONTAINER_ID": "container_1_0001_01_000001", "PATH": "/usr/bin"})  # the AM
+    fake_proc(proc, 601, {"CONTAINER_ID": "container_1_0001_01_000002"})
+    for pid in (500, 600, 601):
+        driver.move(NM, pid)
+    agent.containers.proc = str(proc)
+    killed = []
+    agent.containers.kill = lambda pid, sig: killed.append(pid)
+    try:
+        assert agent.containers.adopt() == 2
+        name = workload_name(NM)
+        alloc = agent.state.get(name)
+        assert alloc is not None and alloc.qos.value == "reclaimed_cores" and alloc.tier.value == "low"
+        assert sorted(driver.procs(f"tidal/reclaimed/low/{name}")) == [600, 601]
+        assert driver.procs(NM) == [500] and not killed
+        assert agent.status()["offline_containers"]["cgroups"][NM]["daemon_pids"] == [500]
+        # lent: the containers run on (the whole machine is offline's now)
+        agent.lend("0s")
+        agent.tick()
+        assert agent.lending.current.state == "Offline" and agent.state.get(name) is not None
+        # taken back: at the end of the notice reclaimed work is evicted: the containers stop, the
+        # NodeManager lives on in its own cgroup
+        agent.take_back("1h")
+        agent.tick()
+        assert agent.lending.current.state == "OfflineToOnline" and agent.state.get(name) is not None
+        import time
+
+        agent.tick(epoch=time.time() + 3601)
+        assert agent.lending.current.state == "Online" and agent.state.get(name) is None
+        assert [e["name"] for e in agent.evictions] == [name] and agent.evictions[0]["cause"] == "lending"
+        assert sorted(agent.evictions[0]["pids"]) == [600, 601]
+        assert driver.procs(NM) == [500]
+    finally:
+        agent.shutdown()
+
+
+def test_a_container_with_no_room_is_killed_once_and_counted(tmp_path):
+    agent, driver = agent_with_nodemanager(tmp_path)
+    proc = tmp_path / "proc"
+    fake_proc(proc, 700, {"CONTAINER_ID": "container_1_0002_01_000001"})
+    driver.move(NM, 700)
+    agent.containers.proc = str(proc)
+    killed = []
+    agent.containers.kill = lambda pid, sig: killed.append((pid, sig))
+    try:
+        agent.admit({"name": "db", "qos": "dedicated_cores", "cpus": 3})  # every cpu but the reserved one
+        assert agent.containers.adopt() == 0
+        assert killed == [(700, signal.SIGKILL)] and agent.containers.refused == 1
+        assert "no cpu is left for reclaimed work" in agent.containers.last_refusal
+        assert agent.state.get(workload_name(NM)) is None
+    finally:
+        agent.shutdown()
+
+
+def test_a_reused_pid_is_looked_at_again(tmp_path):
+    proc = tmp_path / "proc"
+    fake_proc(proc, 800, {"PATH": "/bin"}, started=10)
+    moved = []
+    service = OfflineContainers((NM,), lambda path: [800], admit=lambda doc: None,
+                                attach=lambda name, pid: moved.append(pid), exists=lambda name: True, proc=str(proc))
+    assert service.adopt() == 0
+    fake_proc(proc, 800, {"CONTAINER_ID": "container_9"}, started=20)  # the pid reused by a container
+    assert service.adopt() == 1 and moved == [800]
+    assert container_of(999999, str(proc)) is None
