@@ -68,6 +68,11 @@ class NoNodeManager(YarnError):
     """No live NodeManager of this host is registered (yet): asked again soon, not after a backoff."""
 
 
+class Unreachable(YarnError):
+    """The RM does not answer (restarting): asked again soon too; its NodeManagers register within seconds
+    of its start, and their figures should be Tidal's from then on."""
+
+
 class YarnTarget(Target):
     kind = "yarn"
     waiting_retry = 1.0
@@ -103,7 +108,7 @@ class YarnTarget(Target):
             detail = exc.read()[:300].decode("utf-8", "replace").strip()
             raise YarnError(f"{method} {path}: the RM answered {exc.code} {detail}") from None
         except (urllib.error.URLError, OSError) as exc:
-            raise YarnError(f"{method} {path}: cannot reach the RM at {self.rm} ({exc})") from None
+            raise Unreachable(f"{method} {path}: cannot reach the RM at {self.rm} ({exc})") from None
         try:
             return json.loads(raw) if raw.strip() else None
         except ValueError:
@@ -183,7 +188,7 @@ class YarnTarget(Target):
 
     def retry_after(self, exc: Exception) -> Optional[float]:
         """How soon to try again after ``exc`` (None: the pusher's backoff)."""
-        return self.waiting_retry if isinstance(exc, NoNodeManager) else None
+        return self.waiting_retry if isinstance(exc, (NoNodeManager, Unreachable)) else None
 
     @staticmethod
     def _resource_of(doc: Any) -> Optional[Tuple[int, int]]:
