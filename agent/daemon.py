@@ -285,7 +285,7 @@ class Agent:
             if lifted:
                 self.echo(f"tidal agent: lifted {len(lifted)} io limits an earlier agent left ({', '.join(lifted)})")
         if not cfg.record_cgroups:  # helpers (push commands, hooks) run in <base>/helpers from now on
-            self.helper_join.join = lambda pid: self.driver.move(f"{cfg.cgroup_base}/{HELPERS}", pid)
+            self.helper_join.join = lambda pid: self.enforcement.membership.attach(f"{cfg.cgroup_base}/{HELPERS}", pid)
         if cfg.net is not None:
             self._start_net()
         in_pod = kubelet_pod_of_self()
@@ -295,7 +295,7 @@ class Agent:
             self.echo(f"tidal agent: in the kubelet's pod cgroup {in_pod}: staying there (its pod sets its cpus)")
         elif cfg.confine_self and not cfg.record_cgroups and owner.pools().reserved:
             try:
-                self.driver.move(f"{cfg.cgroup_base}/system", os.getpid())
+                self.enforcement.membership.attach(f"{cfg.cgroup_base}/system", os.getpid())
             except CgroupError as exc:
                 self.echo(f"tidal agent: warning: cannot move the agent into the system pool: {exc}")
         topo = owner.topology
@@ -327,9 +327,8 @@ class Agent:
         if cfg.yarn_nodemanager_cgroups:
             from agent.services.offline_containers import OfflineContainers
 
-            rooted = self.driver.root_view()
             self.containers = OfflineContainers(
-                cfg.yarn_nodemanager_cgroups, rooted.procs_anywhere,
+                cfg.yarn_nodemanager_cgroups, self.enforcement.membership.offline_procs,
                 admit=lambda doc: self.admission.admit(doc), attach=self.admission.attach,
                 exists=lambda name: self.owner.state.get(name) is not None, tier=cfg.yarn_container_tier)
 
@@ -410,7 +409,7 @@ class Agent:
         if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0:
             raise AdmissionError(f"pid must be a positive integer, got {str(pid)[:40]!r}")
         try:
-            self.driver.root_view().join_offline(path, pid)
+            self.enforcement.membership.join_offline(path, pid)
         except CgroupError as exc:
             raise AdmissionError(f"cannot move pid {pid} into /{path}: {exc}") from None
         return {"cgroup": "/" + path, "pid": pid}

@@ -31,9 +31,9 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from agent.k8s import timeouts
-from agent.k8s.crd import check_crd
-from agent.k8s.listwatch import list_watch
+from kube import timeouts
+from kube.crd import check_crd
+from kube.listwatch import list_watch
 from contracts.nrt import GROUP, PLURAL, VERSION
 from contracts.nrt import decode as to_report
 from contracts.pods import pod_request
@@ -609,7 +609,7 @@ def tls_context(cert: str, key: str, client_ca: Optional[str]) -> "ssl.SSLContex
     that CA required of every caller (kube-scheduler's extender ``tlsConfig.certFile/keyFile``)."""
     import ssl
 
-    from agent.errors import TidalError
+    from contracts.errors import TidalError
 
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.minimum_version = ssl.TLSVersion.TLSv1_2

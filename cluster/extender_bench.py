@@ -27,7 +27,7 @@ import random
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
-from agent.bench.timing import percentile
+from common.timing import percentile
 from cluster.extender import TopologyCache, serve
 from cluster.placement.workload import make_cluster
 

@@ -24,8 +24,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
-from agent.errors import TidalError
-from agent.k8s import timeouts
+from contracts.errors import TidalError
+from kube import timeouts
 from cluster.lendrule import TAKE_BACK, OnlineNode, decide
 from contracts.pods import pod_request, quantity
 from contracts.states import OFFLINE, ONLINE, RECLAIMED_CPU, STATE_LABEL

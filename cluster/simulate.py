@@ -59,7 +59,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from agent.errors import TidalError
+from contracts.errors import TidalError
 from cluster.lendrule import TAKE_BACK, OnlineNode, decide
 from contracts.headroom import DEFAULT_BUFFER, online_estimate
 

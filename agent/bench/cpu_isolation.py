@@ -32,7 +32,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 import psutil
 
-from agent.bench.timing import median, percentile
+from common.timing import median, percentile
 from agent.errors import TidalError
 from agent.isolation.cgroups.desired import CgroupSpec
 from agent.topology.parse import format_cpulist

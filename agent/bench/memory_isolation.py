@@ -57,7 +57,7 @@ import time
 import uuid
 from typing import Any, Callable, Dict, List, Optional
 
-from agent.bench.timing import median, percentile
+from common.timing import median, percentile
 from agent.errors import TidalError
 
 MIB = 1 << 20

@@ -56,7 +56,7 @@ import uuid
 from typing import Any, Callable, Dict, List, Optional
 
 from agent.bench.netlab import SERVICE, NetLab
-from agent.bench.timing import median, percentile
+from common.timing import median, percentile
 from agent.bench.wakeup import WakeupLatencyHold
 from agent.errors import TidalError
 

@@ -28,7 +28,7 @@ import time
 import uuid
 from typing import Any, Dict, List
 
-from agent.bench.timing import median
+from common.timing import median
 from agent.errors import TidalError
 from agent.isolation.cgroups.desired import CgroupSpec
 from agent.reporter.task_cpus import TaskCpuAttribution, scale_to

@@ -23,7 +23,7 @@ import tempfile
 import time
 from typing import Any, Dict, List, Optional
 
-from agent.bench.timing import median, percentile
+from common.timing import median, percentile
 from agent.qrm.model import Allocation, QoS, Rejection, Request, Tier
 from agent.qrm.policy import State, _layout, allocate, initial_state
 from agent.qrm.state import CheckpointStore

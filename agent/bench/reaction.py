@@ -25,7 +25,7 @@ import time
 import uuid
 from typing import Any, Dict, List
 
-from agent.bench.timing import median, percentile
+from common.timing import median, percentile
 from agent.errors import TidalError
 
 

@@ -36,7 +36,7 @@ from typing import Any, Dict, List
 
 import psutil
 
-from agent.bench.timing import median, percentile
+from common.timing import median, percentile
 from agent.errors import TidalError
 from agent.isolation.cgroups.desired import CgroupSpec
 from agent.topology.parse import format_cpulist

@@ -12,7 +12,7 @@ import shutil
 import subprocess
 from typing import Any, Dict
 
-from agent.bench.timing import median, time_ms
+from common.timing import median, time_ms
 from agent.topology import HostFS, discover
 
 

@@ -32,12 +32,12 @@ import time
 from typing import Any, Dict, Optional, Tuple
 
 from agent.errors import TidalError
-from agent.k8s import timeouts
+from kube import timeouts
 from contracts.pods import PodRequest, legacy_workload_name, pod_request
 from contracts.states import CURRENT_ANNOTATION, RECLAIMED_CPU, RECLAIMED_MEMORY, STATE_LABEL
 from agent.qrm.model import KUBERNETES
-from agent.k8s.crd import check_crd
-from agent.k8s.listwatch import list_watch
+from kube.crd import check_crd
+from kube.listwatch import list_watch
 from agent.reporter.nrt import build_nrt
 from contracts.nrt import GROUP, PLURAL, VERSION, attribute, counted_by_the_plugin
 

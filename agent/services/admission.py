@@ -168,7 +168,7 @@ class Admission:
             if alloc.source != LOCAL:
                 raise Conflict(f"{name} is a {alloc.source} workload: its processes are placed by its source")
             try:
-                self.enforcement.driver.move(self.enforcement.cgroups_of(alloc)[0], pid)
+                self.enforcement.membership.attach(self.enforcement.cgroups_of(alloc)[0], pid)
             except CgroupError as exc:
                 # no such process, or one the kernel will not move (a kernel thread, a task of a
                 # real-time group): the caller's pid, so a client mistake, never a 500

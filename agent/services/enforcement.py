@@ -18,6 +18,7 @@ from typing import Any, Callable, Dict, Optional, Tuple
 from agent.isolation.cgroups.desired import CgroupOptions, desired_tree, harvests, partitions
 from agent.isolation.cgroups.driver import CgroupDriver
 from agent.isolation.cgroups.layout import workload_path
+from agent.isolation.membership import Membership
 from agent.isolation.cgroups.reconcile import Reconciler, ReconcileReport
 from agent.qrm.model import LOCAL, Allocation
 from agent.services.owner import StateOwner
@@ -38,6 +39,7 @@ class Enforcement:
         ``confined()``: the reclaimed workloads kept off online's idle cpus now (``services.kernel_work``)."""
         self.owner = owner
         self.driver = driver
+        self.membership = Membership(driver)  # moves and signals: isolation.membership
         self.base = base
         self.options = options
         self.drift_check_period = drift_check_period

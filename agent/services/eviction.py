@@ -77,7 +77,7 @@ class Eviction:
         capacity the decision was made against (cpu cause)."""
         owner = self.owner
         pids = [pid for path in self.enforcement.cgroups_of(alloc)
-                for pid in self.enforcement.driver.kill(path, self.kill_signal)]
+                for pid in self.enforcement.membership.kill(path, self.kill_signal)]
         record = {"name": alloc.name, "qos": alloc.qos.value, "tier": alloc.tier.value if alloc.qos is QoS.RECLAIMED
                   else None, "millicpu": alloc.millicpu, "memory_bytes": memory_bytes,
                   "capacity_millicpu": capacity_millicpu, "cause": cause,

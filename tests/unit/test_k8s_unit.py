@@ -579,8 +579,8 @@ def test_an_api_server_that_accepts_and_never_answers_is_an_error_not_a_hang(mon
 
     from kubernetes import client
 
-    from agent.k8s import timeouts
-    from agent.k8s.crd import check_crd
+    from kube import timeouts
+    from kube.crd import check_crd
 
     server = socket.socket()
     server.bind(("127.0.0.1", 0))

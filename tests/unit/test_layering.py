@@ -23,7 +23,7 @@ from typing import Iterator, List, Set, Tuple
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("agent", "cluster", "contracts")
+PACKAGES = ("agent", "cluster", "contracts", "kube", "common")
 
 # the benchmark lab builds its own network namespaces, emulated links and test processes
 # (not Tidal's enforcement, which it measures through the agent's own code); it is the one
@@ -88,7 +88,9 @@ RULES = documented_rules()
 def test_the_documented_rules_keep_at_least_these():
     """The table is read, and none of these rules has gone from it (more may be added)."""
     assert set(RULES) >= {
-        ("contracts/", ("agent", "cluster")),
+        ("contracts/", ("agent", "cluster", "kube")),
+        ("kube/", ("agent", "cluster")),
+        ("cluster/", ("agent",)),
         ("agent/reporter/", ("agent.k8s", "cluster", "agent.daemon")),
         ("agent/api.py", ("agent.daemon",)),
         ("agent/qrm/", ("agent.isolation", "agent.reporter", "agent.k8s", "agent.daemon", "cluster")),
@@ -159,3 +161,33 @@ def test_the_agent_has_the_face_the_api_serves():
     missing = [name for name in wanted if not hasattr(Agent, name) and name not in AgentFace.__annotations__]
     assert not missing, missing
     assert {"status", "admit", "release", "attach", "lend", "take_back", "owner_of"} <= set(wanted)
+
+
+# the benchmarks build their own test boxes (cgroups they made themselves) and move their own test
+# processes there; every other move or signal of a process through a driver is isolation.membership's
+MOVERS = {"agent/bench/cpu_isolation.py", "agent/bench/memory_isolation.py", "agent/bench/numa_usage.py",
+          "agent/bench/reserved.py"}
+
+
+def test_only_isolation_moves_or_signals_processes_through_a_driver():
+    offenders: List[str] = []
+    for rel, tree in sources():
+        if rel.startswith("agent/isolation/") or rel in MOVERS:
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
+                    node.func.attr in ("move", "kill", "join_offline", "repair_membership"):
+                target = ast.unparse(node.func.value)
+                if "driver" in target or "rooted" in target or "root_view" in target:
+                    offenders.append(f"{rel}:{node.lineno} {target}.{node.func.attr}(...)")
+    assert not offenders, offenders
+
+
+def test_the_movers_list_has_no_stale_entries():
+    moving = set()
+    for rel, tree in sources():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "move" \
+                    and "driver" in ast.unparse(node.func.value):
+                moving.add(rel)
+    assert MOVERS <= moving, MOVERS - moving

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from agent.k8s import timeouts
+from kube import timeouts
 from contracts.nrt import GROUP, PLURAL, VERSION
 
 

@@ -19,7 +19,7 @@ import logging
 import threading
 from typing import Any, Callable, Dict, List, Optional
 
-from agent.k8s import timeouts
+from kube import timeouts
 
 log = logging.getLogger("tidal.k8s")
 BACKOFF_FIRST, BACKOFF_MAX = 0.5, 10.0
