@@ -50,6 +50,18 @@ class _Group(click.Group):
             ctx.exit(2)
 
 
+class FiniteRange(click.FloatRange):
+    """click's FloatRange, refusing nan and inf (which compare false to every bound and pass it)."""
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> Any:
+        import math
+
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return number
+
+
 def emit_json(data: Any) -> None:
     click.echo(json.dumps(data, indent=2, sort_keys=False))
 
@@ -142,7 +154,7 @@ def parse_reserved(value: Optional[str]):
               help="Where the checkpoint is kept.")
 @click.option("--reserved-cpus", default=None, metavar="LIST|none",
               help="cpus of the system_cores pool (default: the first physical core).")
-@click.option("--period", default=1.0, show_default=True, type=click.FloatRange(0.01, 3600),
+@click.option("--period", default=1.0, show_default=True, type=FiniteRange(0.01, 3600),
               help="Seconds between reconcile loops (usage sampling, pool resizing, drift repair).")
 @click.option("--tcp-port", default=None, type=click.IntRange(1, 65535),
               help="Also serve on 127.0.0.1:PORT: read-only (health, capacity, metrics, status) without a token.")
@@ -172,7 +184,7 @@ def parse_reserved(value: Optional[str]):
 @click.option("--push-url", default=None, help="POST the capacity (YARN shape) to this URL on every change.")
 @click.option("--push-format", default="yarn", show_default=True, type=click.Choice(["tidal", "yarn", "mesos", "mesos-array"]),
               help="The shape --push-command gets on stdin and --push-url is POSTed.")
-@click.option("--push-resend", default=10.0, show_default=True, type=click.FloatRange(0, 3600),
+@click.option("--push-resend", default=10.0, show_default=True, type=FiniteRange(0, 3600),
               help="Seconds between re-sends of an unchanged capacity to every push target (0: only on change); "
                    "a restarted ResourceManager or NodeManager has forgotten it.")
 @click.option("--yarn-rm", default=None, metavar="URL",
@@ -192,21 +204,21 @@ def parse_reserved(value: Optional[str]):
                    "capacity and memory stop them and leave the NodeManager running. Repeatable.")
 @click.option("--yarn-container-tier", default="low", show_default=True, type=click.Choice(["high", "min", "low"]),
               help="The eviction tier of YARN containers (--yarn-nodemanager-cgroup).")
-@click.option("--eviction-grace", default=10.0, show_default=True, type=click.FloatRange(0, 3600),
+@click.option("--eviction-grace", default=10.0, show_default=True, type=FiniteRange(0, 3600),
               help="Seconds over-committed reclaimed work is throttled before whole workloads are evicted.")
 @click.option("--memory-evict-below", default=None, metavar="SIZE",
               help="Evict reclaimed work (by tier, the largest first) when the node's available memory falls "
                    "under this, e.g. 512Mi or 1Gi (default: 2% of memory, 256Mi to 2Gi; above the kubelet's "
                    "100Mi, so offline work goes first).")
-@click.option("--memory-pressure-threshold", default=20.0, show_default=True, type=click.FloatRange(0, 100),
+@click.option("--memory-pressure-threshold", default=20.0, show_default=True, type=FiniteRange(0, 100),
               help="When online tasks stall on memory this share of the time (percent, PSI of the online "
                    "cgroups), cut offline memory to 90% of what it holds at once (v2: memory.high; both: the "
                    "reported capacity), and evict one reclaimed workload per --eviction-grace while it lasts (0: off).")
-@click.option("--cpu-pressure-threshold", default=20.0, show_default=True, type=click.FloatRange(0, 100),
+@click.option("--cpu-pressure-threshold", default=20.0, show_default=True, type=FiniteRange(0, 100),
               help="When online tasks wait for a cpu this share of the time (percent, PSI of the online cgroups, "
                    "over 250 ms) while cpus are lent, take every lent cpu back at once and hold lending (30 "
                    "periods, longer each time it recurs) (0: off).")
-@click.option("--io-pressure-threshold", default=20.0, show_default=True, type=click.FloatRange(0, 100),
+@click.option("--io-pressure-threshold", default=20.0, show_default=True, type=FiniteRange(0, 100),
               help="When online tasks wait on block io this share of the time (percent, PSI of the online cgroups, "
                    "over 250 ms), limit offline work's bandwidth on each device it used to half its rate, halving "
                    "again while it lasts (at least 1 MiB/s), and double it back per quiet period (0: off).")
@@ -214,7 +226,7 @@ def parse_reserved(value: Optional[str]):
               help="Lending: wait for online workloads to finish, or evict them when the notice ends.")
 @click.option("--hook", "hooks", multiple=True, metavar="STATE=JSON-ARGV",
               help='Run an argument vector on entering a node state, e.g. Offline=\'["/usr/local/bin/on-lent"]\'.')
-@click.option("--guard-interval", default=0.05, show_default=True, type=click.FloatRange(0, 10),
+@click.option("--guard-interval", default=0.05, show_default=True, type=FiniteRange(0, 10),
               help="Seconds between the fast guard's checks of online saturation (0: off; the period still acts).")
 @click.option("--no-confine-self", is_flag=True,
               help="Do not move the agent itself into the system pool (the reserved cpus).")
@@ -273,9 +285,9 @@ def agent(root: str, socket_path: str, state_dir: str, reserved_cpus, period: fl
                          push_format=push_format, push_resend=push_resend,
                          yarn_rm=check_yarn_rm(yarn_rm, yarn_node_id, yarn_node_host), yarn_node_id=yarn_node_id,
                          yarn_node_host=yarn_node_host,
-                         offline_cgroups=parse_offline_cgroups(dict.fromkeys(offline_cgroups + nm_cgroups), cgroup_base),
                          yarn_nodemanager_cgroups=parse_offline_cgroups(nm_cgroups, cgroup_base,
                                                                         "--yarn-nodemanager-cgroup"),
+                         offline_cgroups=parse_offline_cgroups(dict.fromkeys(offline_cgroups + nm_cgroups), cgroup_base),
                          yarn_container_tier=yarn_container_tier,
                          eviction_grace=eviction_grace,
                          memory_evict_below=parse_size("--memory-evict-below", memory_evict_below),
@@ -443,7 +455,8 @@ def _client(socket_path: str):
 @SOCKET_OPTION
 @click.option("--qos", default="shared_cores", show_default=True,
               type=click.Choice(["dedicated_cores", "shared_cores", "reclaimed_cores", "system_cores"]))
-@click.option("--cpus", type=float, default=None, help="Whole cpus (dedicated_cores) or cpus (others).")
+@click.option("--cpus", type=FiniteRange(0, min_open=True), default=None,
+              help="Whole cpus (dedicated_cores) or cpus (others).")
 @click.option("--millicpu", type=int, default=None, help="Millicores (shared/reclaimed; default 1000).")
 @click.option("--numa-binding", is_flag=True, help="dedicated_cores: cpus and memory of one NUMA node.")
 @click.option("--numa-exclusive", is_flag=True, help="dedicated_cores: take the NUMA node alone.")
@@ -773,8 +786,11 @@ def yarn_config(rm_url, nodemanager_cgroup: str) -> None:
     (path,) = parse_offline_cgroups([nodemanager_cgroup], option="--nodemanager-cgroup")
     minimum = YARN_DEFAULT_MINIMUM
     if rm_url is not None:
-        check_yarn_rm(rm_url, None, None)
-        target = YarnTarget(rm_url)
+        try:
+            target = YarnTarget(rm_url)
+        except ValueError:
+            raise TidalError(f"--rm: expected the ResourceManager's web address (http://HOST:PORT), "
+                             f"got {rm_url!r}") from None
         minimum = target.read_minimum()
         if target.minimum_source != "rm":
             raise TidalError(f"--rm {rm_url}: the ResourceManager did not say its minimum allocation (is it "
@@ -827,7 +843,7 @@ def kube_client(kubeconfig: Optional[str]):
               help="Listen beyond loopback without client certificates: filter and prioritize answer anyone; "
                    "bind is refused (it needs a client certificate off loopback).")
 @click.option("--policy", default="pack", show_default=True, type=click.Choice(["pack", "spread"]))
-@click.option("--stale-after", default=120.0, show_default=True, type=click.FloatRange(1, 86400),
+@click.option("--stale-after", default=120.0, show_default=True, type=FiniteRange(1, 86400),
               help="Seconds after which a node's topology report is not trusted.")
 def cluster_extender(kubeconfig, port: int, address: str, tls_cert, tls_key, tls_client_ca, insecure: bool,
                      policy: str, stale_after: float) -> None:
@@ -868,11 +884,11 @@ def cluster_extender(kubeconfig, port: int, address: str, tls_cert, tls_key, tls
 
 @cluster.command("lending")
 @KUBECONFIG_OPTION
-@click.option("--threshold", default=0.9, show_default=True, type=click.FloatRange(0.01, 1.0),
+@click.option("--threshold", default=0.9, show_default=True, type=FiniteRange(0.01, 1.0),
               help="Online water level (requested / allocatable cpu) under which machines are lent.")
 @click.option("--online-window", "windows", multiple=True, metavar="HH:MM-HH:MM",
               help="A time of day when every lent machine comes back (repeatable).")
-@click.option("--period", default=30.0, show_default=True, type=click.FloatRange(1, 3600))
+@click.option("--period", default=30.0, show_default=True, type=FiniteRange(1, 3600))
 @click.option("--once", is_flag=True, help="One step, then exit.")
 @click.option("--dry-run", is_flag=True, help="Print what it would do; change nothing.")
 def cluster_lending(kubeconfig, threshold: float, windows, period: float, once: bool, dry_run: bool) -> None:
@@ -895,12 +911,12 @@ def cluster_lending(kubeconfig, threshold: float, windows, period: float, once: 
 @cluster.command("simulate")
 @click.option("--nodes", default=1000, show_default=True, type=click.IntRange(1, 100_000))
 @click.option("--cores", default=64, show_default=True, type=click.IntRange(1, 4096), help="Cores per node.")
-@click.option("--hours", default=24.0, show_default=True, type=click.FloatRange(1 / 60, 24 * 14))
-@click.option("--buffer", default=0.2, show_default=True, type=click.FloatRange(0, 10),
+@click.option("--hours", default=24.0, show_default=True, type=FiniteRange(1 / 60, 24 * 14))
+@click.option("--buffer", default=0.2, show_default=True, type=FiniteRange(0, 10),
               help="Safety buffer on online's recent peak (the agents' headroom rule).")
-@click.option("--offline-demand", default=0.6, show_default=True, type=click.FloatRange(0, 10),
+@click.option("--offline-demand", default=0.6, show_default=True, type=FiniteRange(0, 10),
               help="Offline work arriving, as a share of the cluster's cores.")
-@click.option("--online-peak", default=0.35, show_default=True, type=click.FloatRange(0.001, 1),
+@click.option("--online-peak", default=0.35, show_default=True, type=FiniteRange(0.001, 1),
               help="Online demand at the evening peak, as a share of the cluster's cores.")
 @click.option("--no-lending", is_flag=True, help="Colocate on every node but never lend whole machines.")
 @click.option("--trace", "trace_path", default=None, type=click.Path(dir_okay=False),
@@ -954,11 +970,11 @@ def bench_topology(root: str, repeat: int, as_json: bool) -> None:
 @bench.command("net-isolation")
 @click.option("--link-mbps", default=200, show_default=True, type=click.IntRange(1, 10000),
               help="Rate the emulated link is held to.")
-@click.option("--seconds", default=4.0, show_default=True, type=click.FloatRange(1, 600), help="Length of each run.")
+@click.option("--seconds", default=4.0, show_default=True, type=FiniteRange(1, 600), help="Length of each run.")
 @click.option("--repeats", default=5, show_default=True, type=click.IntRange(1, 100),
               help="Rounds of (unloaded, none, tidal, tidal_shaper_only), interleaved; p99 is over all rounds' "
                    "samples (5 rounds of 4 s: 10,000 per scenario).")
-@click.option("--rr-rate", default=500.0, show_default=True, type=click.FloatRange(1, 20000),
+@click.option("--rr-rate", default=500.0, show_default=True, type=FiniteRange(1, 20000),
               help="Online requests per second.")
 @click.option("--pm-qos/--no-pm-qos", default=True, show_default=True,
               help="Hold idle cpus awake (PM QoS, /dev/cpu_dma_latency = 0) for the whole run, every scenario alike: "
@@ -1016,11 +1032,11 @@ def bench_qrm(root, workloads: int, repeat: int, churn_steps: int, as_json: bool
 
 
 @bench.command("cpu-isolation")
-@click.option("--duration", default=2.0, show_default=True, type=click.FloatRange(0.5, 600),
+@click.option("--duration", default=2.0, show_default=True, type=FiniteRange(0.5, 600),
               help="Seconds each scenario runs per round.")
 @click.option("--repeats", default=10, show_default=True, type=click.IntRange(1, 100),
               help="Rounds; in each the scenarios take turns.")
-@click.option("--period-ms", default=5.0, show_default=True, type=click.FloatRange(0.5, 1000),
+@click.option("--period-ms", default=5.0, show_default=True, type=FiniteRange(0.5, 1000),
               help="The probe's request period.")
 @click.option("--work-us", default=300, show_default=True, type=click.IntRange(10, 100000),
               help="Fixed work per probe request.")
@@ -1039,9 +1055,9 @@ def bench_cpu_isolation(duration: float, repeats: int, period_ms: float, work_us
               help="MiB of anonymous memory in the online service's working set.")
 @click.option("--online-file", "online_file_mib", default=64, show_default=True, type=click.IntRange(1, 1 << 20),
               help="MiB of page cache (a file it reads) in its working set.")
-@click.option("--offline-share", default=0.8, show_default=True, type=click.FloatRange(0.05, 2.0),
+@click.option("--offline-share", default=0.8, show_default=True, type=FiniteRange(0.05, 2.0),
               help="The offline job's anonymous memory as a share of what online leaves.")
-@click.option("--duration", default=10.0, show_default=True, type=click.FloatRange(1, 600),
+@click.option("--duration", default=10.0, show_default=True, type=FiniteRange(1, 600),
               help="Seconds each scenario runs per round.")
 @click.option("--repeats", default=2, show_default=True, type=click.IntRange(1, 50),
               help="Rounds; in each the scenarios take turns.")
@@ -1070,7 +1086,7 @@ def bench_reaction(steps: int, as_json: bool) -> None:
 
 
 @bench.command("reserved")
-@click.option("--seconds", default=3.0, show_default=True, type=click.FloatRange(0.5, 600), help="Length of a round.")
+@click.option("--seconds", default=3.0, show_default=True, type=FiniteRange(0.5, 600), help="Length of a round.")
 @click.option("--repeats", default=4, show_default=True, type=click.IntRange(1, 100))
 @click.option("--json", "as_json", is_flag=True, help="JSON output (always JSON).")
 def bench_reserved(seconds: float, repeats: int, as_json: bool) -> None:
@@ -1083,7 +1099,7 @@ def bench_reserved(seconds: float, repeats: int, as_json: bool) -> None:
 
 @bench.command("overhead")
 @click.option("--workloads", default=200, show_default=True, type=click.IntRange(1, 5000))
-@click.option("--seconds", default=30.0, show_default=True, type=click.FloatRange(5, 3600))
+@click.option("--seconds", default=30.0, show_default=True, type=FiniteRange(5, 3600))
 @click.option("--json", "as_json", is_flag=True, help="JSON output (always JSON).")
 def bench_overhead(workloads: int, seconds: float, as_json: bool) -> None:
     """The agent's own cpu and memory at steady state with N workloads (needs root)."""
@@ -1093,8 +1109,8 @@ def bench_overhead(workloads: int, seconds: float, as_json: bool) -> None:
 
 
 @bench.command("numa-usage")
-@click.option("--seconds", default=20.0, show_default=True, type=click.FloatRange(2, 3600))
-@click.option("--period", default=1.0, show_default=True, type=click.FloatRange(0.2, 60),
+@click.option("--seconds", default=20.0, show_default=True, type=FiniteRange(2, 3600))
+@click.option("--period", default=1.0, show_default=True, type=FiniteRange(0.2, 60),
               help="Seconds between samples (the agent's period).")
 @click.option("--json", "as_json", is_flag=True, help="JSON output (always JSON).")
 def bench_numa_usage(seconds: float, period: float, as_json: bool) -> None:

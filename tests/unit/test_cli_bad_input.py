@@ -75,6 +75,19 @@ CASES = [
     ("bad-choice", lambda t, r: ["capacity", "--format", "xml"], "'xml' is not one of"),
     ("cgroup-base-empty", lambda t, r: ["agent", "--root", r, "--record-cgroups", "--state-dir", str(t / "s"),
                                         "--socket", str(t / "a.sock"), "--cgroup-base", ""], "relative path of names"),
+    # a NaN passed every FloatRange (it compares false to both bounds): an agent ran with a NaN period
+    ("period-nan", lambda t, r: ["agent", "--root", r, "--record-cgroups", "--state-dir", str(t / "s"),
+                                 "--socket", str(t / "a.sock"), "--period", "nan"], "not a finite number"),
+    ("eviction-grace-inf", lambda t, r: ["agent", "--root", r, "--record-cgroups", "--state-dir", str(t / "s"),
+                                         "--socket", str(t / "a.sock"), "--eviction-grace", "inf"], "not in the range"),
+    ("run-cpus-nan", lambda t, r: ["run", "--socket", str(t / "none.sock"), "--cpus", "nan", "--", "true"],
+     "not a finite number"),
+    ("yarn-config-not-a-url", lambda t, r: ["yarn", "config", "--rm", "notaurl"], "--rm: expected the ResourceManager"),
+    ("nm-cgroup-dotdot", lambda t, r: ["agent", "--root", r, "--record-cgroups", "--state-dir", str(t / "s"),
+                                       "--socket", str(t / "a.sock"), "--yarn-nodemanager-cgroup", "/a/../b"],
+     "--yarn-nodemanager-cgroup: expected a cgroup path"),
+    ("offline-run-with-qos", lambda t, r: ["run", "--socket", str(t / "none.sock"), "--offline-cgroup", "/y", "--qos",
+                                           "reclaimed_cores", "--", "true"], "--qos does not go with it"),
 ]
 
 
