@@ -19,6 +19,7 @@ from dataclasses import replace
 from typing import Any, Callable, Dict, List, Optional
 
 from agent.errors import AdmissionError, Conflict, NotFound, Unfit
+from agent.isolation.cgroups.desired import pod_weight
 from agent.isolation.cgroups.detect import CgroupError
 from agent.lending import OFFLINE, TO_OFFLINE, TO_ONLINE, NodeLending
 from agent.qrm.assignment import assignment
@@ -201,10 +202,14 @@ class Admission:
             pool = self.owner.pools()
             harvest, confined = self.enforcement.harvest, self.enforcement.confined()
             given = {}
+            cpu_idle = bool(self.enforcement.driver.features.get("cpu.idle"))
             for alloc in self.owner.state.allocations:
                 one = assignment(self.owner.topology, alloc, pool, harvest and alloc.name not in confined)
+                # a pod's cpu priority as the Reconciler writes it (isolation.cgroups.desired.pod_weight),
+                # a local workload's as its cgroup in Tidal's tree has it
+                shares = pod_weight(one, cpu_idle).get("cpu_shares") if alloc.source != LOCAL else one.cpu_shares
                 given[alloc.name] = {"qos": alloc.qos.value, "cpus": format_cpulist(one.cpus),
-                                     "mems": format_cpulist(one.mems), "cpu_shares": one.cpu_shares,
+                                     "mems": format_cpulist(one.mems), "cpu_shares": shares,
                                      "cpu_idle": one.cpu_idle}
             return {"assignments": given}
 

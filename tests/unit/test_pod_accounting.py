@@ -111,3 +111,39 @@ def test_v1_writes_no_protection_and_the_reclaimed_pod_goes_first_under_pressure
         assert driver.read("memory", BATCH[0], "memory.soft_limit_in_bytes") == "0"
     finally:
         agent.shutdown()
+
+
+def test_the_nri_plugins_answer_for_a_pod_is_what_the_reconciler_writes(tmp_path):
+    """The plugin used to send a reclaimed pod's request-derived shares while the Reconciler wrote
+    cpu.shares=2 (kernels without cpu.idle): the two flip-flopped the value. Now the answer is the
+    Reconciler's own, on either kernel."""
+    for version, idle in ((1, True), (1, False), (2, True)):
+        features = {"cpu.idle": idle, "memory": True, "memory_protection": version == 2}
+        driver = RecordingCgroups(version=version, features=features)
+        config = AgentConfig(socket_path=str(tmp_path / f"n{version}{idle}.sock"),
+                             state_dir=str(tmp_path / f"n{version}{idle}"), empty_grace=3600)
+        agent = Agent(config, echo=lambda line: None, driver=driver, topology=TOPO)
+        agent.start()
+        try:
+            for name, doc, paths in (("pod/batch", {"qos": "reclaimed_cores", "millicpu": 500}, BATCH),
+                                     ("pod/api", {"qos": "shared_cores", "millicpu": 500}, API)):
+                agent.admit({"name": name, **doc}, source=KUBERNETES)
+                for path in paths:
+                    driver.create(path)
+                agent.admission.place(name, paths)
+            from agent.isolation.cgroups.knobs import files_for
+
+            shares_file = files_for(version, "cpu_shares", 2)[0][:2]  # (controller, file) on this version
+            idle_file = files_for(version, "cpu_idle", 1)[0][:2]
+            given = agent.assignments()["assignments"]
+            container = BATCH[-1]
+            written = driver.files[container].get(shares_file)
+            if idle:
+                assert given["pod/batch"]["cpu_shares"] is None and written is None  # cpu.idle, the kubelet's weight
+                assert driver.files[container].get(idle_file) == "1"
+            else:
+                assert given["pod/batch"]["cpu_shares"] == 2 and written == files_for(version, "cpu_shares", 2)[0][2]
+            assert given["pod/api"]["cpu_shares"] is None  # an online pod's weight is the kubelet's
+            assert shares_file not in driver.files[API[-1]]
+        finally:
+            agent.shutdown()
