@@ -55,6 +55,8 @@ def daemonset_command(node: str, state_dir: str, socket_path: str):
     # the manifest's hostPath mounts (/var/lib/tidal, /run/tidal) belong to a real installation
     argv[argv.index("--state-dir") + 1] = state_dir
     argv[argv.index("--socket") + 1] = socket_path
+    # the plugin socket beside it, one directory per agent (two agents here share a directory)
+    argv[argv.index("--plugin-socket") + 1] = os.path.join(socket_path + ".plugin", "plugin.sock")
     return [sys.executable, "-m", "agent.cli", "agent", *argv]
 
 
@@ -180,7 +182,7 @@ def test_the_daemonset_agent_keeps_its_pods_and_frees_them_on_deletion(plane, ap
             sleeper = subprocess.Popen(["sleep", "600"])
             with open(f"{pod_dir}/cgroup.procs", "w") as handle:
                 handle.write(str(sleeper.pid))
-            solo = wait_for(lambda: agents["host"].workloads().get(f"default.solo-{tag}"), "the host pod admitted")
+            solo = wait_for(lambda: agents["host"].workloads().get(f"default/solo-{tag}"), "the host pod admitted")
             wait_for(lambda: open(f"{pod_dir}/cpuset.cpus").read().strip() == solo["cpus"],
                      "the pod's cpuset written by the agent")
         start = time.monotonic()
@@ -203,7 +205,7 @@ def test_the_daemonset_agent_keeps_its_pods_and_frees_them_on_deletion(plane, ap
             assert free[f"node-{zone}"] <= len(topo.cpus_in_numa(zone)) - 4
         assert sum(len(topo.cpus_in_numa(n)) for n in topo.numa_ids()) - sum(free.values()) >= 12
         if real:
-            solo_now = agents["host"].workloads()[f"default.solo-{tag}"]
+            solo_now = agents["host"].workloads()[f"default/solo-{tag}"]
             assert solo_now["cpus"] == solo["cpus"]
             assert open(f"{pod_dir}/cpuset.cpus").read().strip() == solo["cpus"]
             with open(f"/proc/{sleeper.pid}/status") as handle:
@@ -218,7 +220,7 @@ def test_the_daemonset_agent_keeps_its_pods_and_frees_them_on_deletion(plane, ap
         assert all(f"default/{n}" in agents["hwloc"].workloads() for n in names[1:])
         if real:
             core.delete_namespaced_pod(f"solo-{tag}", "default", grace_period_seconds=0)
-            wait_for(lambda: f"default.solo-{tag}" not in agents["host"].workloads(), "the host pod released")
+            wait_for(lambda: f"default/solo-{tag}" not in agents["host"].workloads(), "the host pod released")
     finally:
         codes = {name: agent.stop() for name, agent in agents.items()}
         if sleeper is not None:

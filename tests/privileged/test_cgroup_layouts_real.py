@@ -265,11 +265,11 @@ def test_a_pods_cpuset_is_written_into_the_kubelets_cgroups_of_either_layout(tmp
     before = allowed(worker.pid)
     agent = in_process_agent(tmp_path, "/")
     try:
-        agent.admit({"name": "default.pod", "qos": "dedicated_cores", "cpus": 1}, source=KUBERNETES)
-        agent.place("default.pod", [pod, container])
+        agent.admit({"name": "pod/u1", "qos": "dedicated_cores", "cpus": 1}, source=KUBERNETES)
+        agent.place("pod/u1", [pod, container])
         report = agent.reconcile(verify=True)
         assert report.ok, report.failed
-        cpus = set(agent.state.get("default.pod").cpus)
+        cpus = set(agent.state.get("pod/u1").cpus)
         assert allowed(worker.pid) == cpus != before
         for path in (pod, container):
             assert set(parse_cpulist(open(os.path.join(outside.dir(path), "cpuset.cpus")).read())) == cpus
