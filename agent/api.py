@@ -473,6 +473,11 @@ class Servers:
         self.servers = servers
         self.paths = [p for p in paths if p]
 
+    def status(self) -> Dict[str, Any]:
+        """Per listener: connection slots used, peers holding them, refusals (requests and long-polls)."""
+        return {server.via: {"requests": server.slots.status(), "long_polls": server.waiters.status()}
+                for server in self.servers}
+
     def close(self) -> None:
         for server in self.servers:
             server.shutdown()

@@ -478,6 +478,8 @@ class Agent:
                 "last_reconcile_ms": round(self.last_reconcile_ms, 3),
                 "state_file": self.store.path, "socket": self.config.socket_path,
                 "runtime": {**self.runtime_integration(), "kubelet_cpu_manager": self.config.kubelet_cpu_manager},
+                # connection slots per listener (agent.connections): who holds them, how many were turned away
+                "api": self._server.status() if self._server is not None else None,
             }
 
     def cpu_pressure_status(self) -> Dict[str, Any]:

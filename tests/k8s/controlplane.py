@@ -221,3 +221,22 @@ current-context: e2e
             _terminate(self.procs.pop(name, None))
         if not os.environ.get("TIDAL_K8S_KEEP"):
             shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def install_manifests(api, *manifests: str) -> None:
+    """The NodeResourceTopology CRD (waited for until established), then each of ``deploy/<manifest>``,
+    as a user applies them."""
+    import yaml
+    from kubernetes import client, utils
+
+    with open("deploy/crd-noderesourcetopology.yaml") as handle:
+        utils.create_from_dict(api, yaml.safe_load(handle))
+    ext = client.ApiextensionsV1Api(api)
+    wait_for(lambda: any(c.type == "Established" and c.status == "True" for c in
+                         ext.read_custom_resource_definition("noderesourcetopologies.topology.node.k8s.io")
+                         .status.conditions or []), "the CRD to be established")
+    for manifest in manifests:
+        with open(f"deploy/{manifest}") as handle:
+            for doc in yaml.safe_load_all(handle):
+                if doc:
+                    utils.create_from_dict(api, doc)

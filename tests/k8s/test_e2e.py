@@ -11,9 +11,8 @@ import time
 import uuid
 
 import pytest
-import yaml
 
-from tests.k8s.controlplane import ControlPlane, free_port, wait_for
+from tests.k8s.controlplane import ControlPlane, free_port, install_manifests, wait_for
 from tests.k8s.controlplane import testbin as find_testbin
 
 BIN = find_testbin()
@@ -44,23 +43,13 @@ def test_a_missing_crd_is_a_clear_error_at_start(plane, api, hwloc_topologies, t
 @pytest.fixture(scope="module")
 def cluster(plane, api, hwloc_topologies, tmp_path_factory):
     """CRD, nodes, one agent per node, the extender and the scheduler."""
-    from kubernetes import client, utils
+    from kubernetes import client
 
     from agent.daemon import Agent, AgentConfig
     from agent.k8s.node import KubeNodeAgent
     from cluster.extender import NrtWatcher, TopologyCache, serve
 
-    with open("deploy/crd-noderesourcetopology.yaml") as handle:
-        utils.create_from_dict(api, yaml.safe_load(handle))
-    ext = client.ApiextensionsV1Api(api)
-    wait_for(lambda: any(c.type == "Established" and c.status == "True" for c in
-                         ext.read_custom_resource_definition("noderesourcetopologies.topology.node.k8s.io")
-                         .status.conditions or []), "the CRD to be established")
-    for manifest in ("rbac.yaml", "agent-daemonset.yaml", "extender.yaml"):  # accepted by a real API server
-        with open(f"deploy/{manifest}") as handle:
-            for doc in yaml.safe_load_all(handle):
-                if doc:
-                    utils.create_from_dict(api, doc)
+    install_manifests(api, "rbac.yaml", "agent-daemonset.yaml", "extender.yaml")  # accepted by a real API server
     core = client.CoreV1Api(api)
     stop = threading.Event()
     agents, nodes = {}, {}

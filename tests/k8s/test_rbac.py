@@ -14,27 +14,17 @@ import subprocess
 import time
 
 import pytest
-import yaml
 
-from tests.k8s.controlplane import wait_for
+from tests.k8s.controlplane import install_manifests, wait_for
 
 pytestmark = pytest.mark.k8s
 
 
 @pytest.fixture(scope="module")
 def agent_token(plane, api):
-    from kubernetes import client, utils
+    from kubernetes import client
 
-    with open("deploy/crd-noderesourcetopology.yaml") as handle:
-        utils.create_from_dict(api, yaml.safe_load(handle))
-    ext = client.ApiextensionsV1Api(api)
-    wait_for(lambda: any(c.type == "Established" and c.status == "True" for c in
-                         ext.read_custom_resource_definition("noderesourcetopologies.topology.node.k8s.io")
-                         .status.conditions or []), "the CRD to be established")
-    with open("deploy/rbac.yaml") as handle:
-        for doc in yaml.safe_load_all(handle):
-            if doc:
-                utils.create_from_dict(api, doc)
+    install_manifests(api, "rbac.yaml")
     core = client.CoreV1Api(api)
     for name in ("n-own", "n-other"):
         core.create_node(client.V1Node(metadata=client.V1ObjectMeta(name=name)))

@@ -12,7 +12,6 @@ tiers cover attach and eviction).
 
 from __future__ import annotations
 
-import json
 import os
 import pwd
 import shutil
@@ -27,39 +26,13 @@ import uuid
 import pytest
 
 from tests.conftest import is_root
+from tests.privileged.local_user import run_as
 
 pytestmark = [pytest.mark.privileged,
               pytest.mark.skipif(not is_root() or not os.path.exists("/usr/sbin/useradd"),
                                  reason="needs root and useradd: creates a user")]
 
-CLIENT = r'''
-import http.client, json, socket, sys
 
-class Unix(http.client.HTTPConnection):
-    def __init__(self, path):
-        super().__init__("localhost", timeout=10)
-        self.path_ = path
-    def connect(self):
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.connect(self.path_)
-
-def call(where, method, path, body=None, token=None):
-    conn = Unix(where) if where.startswith("/") else http.client.HTTPConnection("127.0.0.1", int(where), timeout=10)
-    headers = {"Content-Type": "application/json"}
-    if token:
-        headers["Authorization"] = "Bearer " + token
-    try:
-        conn.request(method, path, body=None if body is None else json.dumps(body), headers=headers)
-        response = conn.getresponse()
-        return response.status
-    except OSError as exc:
-        return "refused: %s" % exc
-    finally:
-        conn.close()
-
-plan = json.loads(sys.argv[1])
-print(json.dumps([call(*step) for step in plan]))
-'''
 
 
 def _free_port():
@@ -82,10 +55,10 @@ def stranger():
 
 
 def as_user(user, plan):
-    done = subprocess.run(["/usr/bin/python3", "-c", CLIENT, json.dumps(plan)], user=user.pw_uid, group=user.pw_gid,
-                          extra_groups=[user.pw_gid], capture_output=True, text=True, timeout=60, cwd="/")
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout)
+    """The statuses of ``plan``'s requests made as ``user`` (``tests/privileged/local_user.py``)."""
+    return [status for status, _ in run_as(user, [step[:3] + ([step[3]] if len(step) > 3 else []) +
+                                                 ([{"Authorization": "Bearer " + step[4]}] if len(step) > 4 else [])
+                                                 for step in plan])]
 
 
 def test_a_local_user_reads_but_cannot_drive_the_agent(tmp_path, stranger):
