@@ -202,12 +202,11 @@ class Admission:
             pool = self.owner.pools()
             harvest, confined = self.enforcement.harvest, self.enforcement.confined()
             given = {}
-            cpu_idle = bool(self.enforcement.driver.features.get("cpu.idle"))
             for alloc in self.owner.state.allocations:
                 one = assignment(self.owner.topology, alloc, pool, harvest and alloc.name not in confined)
                 # a pod's cpu priority as the Reconciler writes it (isolation.cgroups.desired.pod_weight),
                 # a local workload's as its cgroup in Tidal's tree has it
-                shares = pod_weight(one, cpu_idle).get("cpu_shares") if alloc.source != LOCAL else one.cpu_shares
+                shares = pod_weight(one, self.enforcement.driver.features).get("cpu_shares") if alloc.source != LOCAL else one.cpu_shares
                 given[alloc.name] = {"qos": alloc.qos.value, "cpus": format_cpulist(one.cpus),
                                      "mems": format_cpulist(one.mems), "cpu_shares": shares,
                                      "cpu_idle": one.cpu_idle}

@@ -497,11 +497,17 @@ class Harvest:
                 log.info("reclaimed workload %s no longer runs in the kernel: harvests online's idle cpus again", name)
 
     def confined(self) -> frozenset:
-        """The reclaimed workloads kept off online's idle cpus now (services.kernel_work)."""
+        """The reclaimed workloads kept off online's idle cpus now (services.kernel_work): those that run
+        in the kernel, and new ones on probation where a lent cpu can take them; with nothing lent a new
+        workload is not held at the minimum quota for what it has not yet shown (it is judged on its
+        first periods like any other)."""
         state = self.owner.state
         if state is None or not self.enforcement.harvest:
             return frozenset()  # no idle harvesting: reclaimed work is off online's cpus already
-        return self.kernel_work.confined_of(a.name for a in state.allocations if a.qos is QoS.RECLAIMED)
+        reclaimed = [a.name for a in state.allocations if a.qos is QoS.RECLAIMED]
+        if not self.owner.pools().reclaimed:
+            return self.kernel_work.names() & frozenset(reclaimed)
+        return self.kernel_work.confined_of(reclaimed)
 
     def publish(self, capacity: Capacity, epoch: float) -> None:
         """Make ``capacity`` current; a new generation (long-pollers woken, offline agents pushed)

@@ -17,10 +17,11 @@ reclaim pool's (lent cpus). Where nothing is lent it waits on the shared pool at
 what a waiting workload does never looks heavy, and it is released to try again after
 ``RELEASE_PERIODS``. It stays confined until ``RELEASE_PERIODS`` periods in a row under the
 mark: a job's phases (load, compute) last minutes, and each move costs it its cache.
-A new workload starts confined, on probation, for its first ``PROBATION_PERIODS`` periods: a
-job's first seconds (loading its input, building its tables) are often its most kernel-bound, and a
-task framework's retry is a new workload each time. A cpu-bound job (user time) then harvests the
-shared pool's idle time.
+A new workload starts confined, on probation, for its first ``PROBATION_PERIODS`` periods, where a
+lent cpu can take it: a job's first seconds (loading its input, building its tables) are often its
+most kernel-bound, and a task framework's retry is a new workload each time. A cpu-bound job (user
+time) then harvests the shared pool's idle time. With nothing lent, a new workload is not held at the
+minimum quota for what it has not shown: it harvests and is judged on its first periods.
 """
 
 from __future__ import annotations

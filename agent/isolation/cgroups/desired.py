@@ -106,13 +106,13 @@ def protection_sums(leaves) -> Dict[str, int]:
     return sums
 
 
-def pod_weight(given: Assignment, cpu_idle: bool) -> Dict[str, object]:
+def pod_weight(given: Assignment, features: Mapping[str, bool]) -> Dict[str, object]:
     """What the Reconciler writes of a pod's cpu priority: a reclaimed pod's idleness (``cpu.idle``, or the
     lowest weight where the kernel has none); any other pod's weight is the kubelet's. The NRI plugin
     hands the runtime exactly this (``Admission.assignments``), so the two never write different values."""
     if not given.cpu_idle:
         return {}
-    return {"cpu_idle": 1} if cpu_idle else {"cpu_shares": 2}
+    return {"cpu_idle": 1} if features.get("cpu.idle") else {"cpu_shares": 2}
 
 
 def harvests(options: CgroupOptions, features: Mapping[str, bool]) -> bool:
@@ -200,7 +200,7 @@ def desired_tree(topo: Topology, state: State, pools: Pools, options: CgroupOpti
                 # the kubelet gives reclaimed pods no common parent to cap as Tidal's tree has: each pod
                 # is capped at the node's whole reclaimed capacity, at the lowest priority
                 knobs["cpu_max"] = (MIN_QUOTA_US, CPU_PERIOD_US) if parked else reclaimed_parent["cpu_max"]
-                knobs.update(pod_weight(given, cpu_idle))
+                knobs.update(pod_weight(given, features))
             pod_memory: Dict[str, object] = {}
             if alloc.qos is QoS.RECLAIMED and features.get("memory"):
                 # the pod's own cgroup bounds its containers: the first reclaimed from under global pressure
