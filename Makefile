@@ -13,7 +13,7 @@ PYTEST_ARGS ?=
 PREFIX ?= /opt/tidal
 UNIT_DIR ?= /etc/systemd/system
 
-.PHONY: all install deps test test-cgroup2 bench-hierarchies run bench clean clean-test-leftovers k8s-testbin nrt-scheduler yarn-testbin node-testbin image
+.PHONY: all install deps test docs test-cgroup2 bench-hierarchies run bench clean clean-test-leftovers k8s-testbin nrt-scheduler yarn-testbin node-testbin image
 
 all: test
 
@@ -28,6 +28,7 @@ install:
 	$(PREFIX)/venv/bin/pip install --quiet --disable-pip-version-check .
 	install -D -m 0644 systemd/tidal.service $(UNIT_DIR)/tidal.service
 	install -D -m 0644 README.md /usr/local/share/doc/tidal/README.md
+	mkdir -p /usr/local/share/doc/tidal && cp -r docs CHANGELOG.md /usr/local/share/doc/tidal/
 	@if command -v systemctl >/dev/null 2>&1 && [ -d /run/systemd/system ]; then \
 		systemctl daemon-reload && echo "installed; start with: systemctl enable --now tidal"; \
 	else echo "installed $(UNIT_DIR)/tidal.service (no running systemd here to load it)"; fi
@@ -78,8 +79,12 @@ run: deps $(STAMP)
 bench: $(STAMP)
 	$(BIN)/tidal bench topology --root tests/fixtures/hwloc --json || true
 
+# the generated pages of docs/ (CLI and HTTP API references), from the code they describe
+docs: $(STAMP)
+	$(BIN)/python scripts/gen-docs.py
+
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis
+	rm -rf $(VENV) .pytest_cache .hypothesis .schemathesis
 
 # network namespaces and empty cgroups that a killed test or benchmark run left behind (root)
 clean-test-leftovers:
