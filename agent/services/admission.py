@@ -114,16 +114,21 @@ class Admission:
             if failed:  # released from the state; the kernel kept its cgroup (the next pass tries again)
                 raise CgroupError(f"{name} released, but its cgroup was not removed: {failed[0][2]}")
 
+    def _of_another_source(self, name: str, why_not_local: str) -> Allocation:
+        """The workload ``name`` (NotFound), which must be of a source other than ``local`` (Conflict)."""
+        alloc = self.owner.state.get(name)
+        if alloc is None:
+            raise NotFound(f"no workload named {name!r}")
+        if alloc.source == LOCAL:
+            raise Conflict(f"{name} is a local workload: {why_not_local}")
+        return alloc
+
     def rename(self, old: str, new: str, label: Optional[str] = None) -> None:
         """Give a workload of another source the name its source now gives it (a pod an older agent
         named ``<namespace>.<name>``, now ``pod/<uid>``): same cpus, same everything, no kernel write."""
         owner = self.owner
         with owner.lock:
-            alloc = owner.state.get(old)
-            if alloc is None:
-                raise NotFound(f"no workload named {old!r}")
-            if alloc.source == LOCAL:
-                raise Conflict(f"{old} is a local workload: its name is its cgroup's")
+            self._of_another_source(old, "its name is its cgroup's")
             if owner.state.get(new) is not None:
                 raise Conflict(f"name {new!r} is already in use")
             renamed = tuple(replace(a, name=new, label=label) if a.name == old else a
@@ -142,11 +147,7 @@ class Admission:
         paths = tuple(paths)
         owner = self.owner
         with owner.lock:
-            alloc = owner.state.get(name)
-            if alloc is None:
-                raise NotFound(f"no workload named {name!r}")
-            if alloc.source == LOCAL:
-                raise Conflict(f"{name} is a local workload: its processes live in Tidal's tree")
+            self._of_another_source(name, "its processes live in Tidal's tree")
             if owner.placements.get(name) != paths:
                 owner.placements[name] = paths
                 self.enforcement.reconcile()
