@@ -40,7 +40,7 @@ from agent.isolation.cgroups.layout import check_base
 from agent.isolation.cgroups.reconcile import ReconcileReport
 from agent.isolation.cgroups.recover import recover_state
 from agent.lending import NodeLending
-from agent.qrm.assignment import reclaimed_cpus
+from agent.qrm.assignment import cpu_owners, reclaimed_cpus
 from agent.qrm.model import LOCAL, Allocation, QoS
 from agent.qrm.policy import State
 from agent.qrm.state import CheckpointStore
@@ -281,7 +281,8 @@ class Agent:
         report = self.reconcile()
         owner.store.save(owner.state, owner.topology)
         if not cfg.record_cgroups:
-            lifted = self.harvest.lift_stale_io_limits()
+            # Tidal starts unthrottled: the first reconcile lifted what an earlier agent left
+            lifted = report.io_lifted
             if lifted:
                 self.echo(f"tidal agent: lifted {len(lifted)} io limits an earlier agent left ({', '.join(lifted)})")
         if not cfg.record_cgroups:  # helpers (push commands, hooks) run in <base>/helpers from now on
@@ -312,7 +313,8 @@ class Agent:
         self.enforcement = Enforcement(owner, self.driver, cfg.cgroup_base, cfg.cgroup_options, cfg.state_dir,
                                        cfg.drift_check_period, self.counters, limits=lambda: self.harvest.limits(),
                                        protection=lambda: self.harvest.protection(),
-                                       confined=lambda: self.harvest.confined())
+                                       confined=lambda: self.harvest.confined(),
+                                       io_limits=lambda: self.harvest.io_guard.knob())
         self.harvest = Harvest(owner, self.enforcement, self.lending, cfg, self.counters,
                                os.path.join(cfg.state_dir, "history.json"))
         if self.pusher is not None:
@@ -433,21 +435,9 @@ class Agent:
         with self.lock:
             pool = self.pools()
             topo = self.topology
-            owner: Dict[int, Dict[str, Optional[str]]] = {}
-            for cpu in pool.reserved:
-                owner[cpu] = {"pool": "reserved", "workload": None}
-            for cpu in pool.shared:
-                owner[cpu] = {"pool": "shared", "workload": None}
-            for cpu in pool.reclaimed:
-                owner.setdefault(cpu, {"pool": "reclaimed", "workload": None})
-            for cpu in pool.idle:
-                owner[cpu] = {"pool": "held-idle", "workload": None}
-            for alloc in self.state.allocations:
-                if alloc.qos is QoS.DEDICATED:
-                    for cpu in alloc.cpus:
-                        owner[cpu] = {"pool": "dedicated", "workload": alloc.name}
+            owner = cpu_owners(pool, self.state.allocations)
             cpus = [{"id": c, "numa": topo.cpu(c).numa, "core": topo.cpu(c).core,
-                     **owner.get(c, {"pool": "unassigned", "workload": None}),
+                     **dict(zip(("pool", "workload"), owner.get(c, ("unassigned", None)))),
                      "usage_millicpu": self.cpu_usage.get(c)} for c in topo.online_cpus()]
             sources: Dict[str, int] = {}
             for alloc in self.state.allocations:
@@ -646,7 +636,8 @@ class Agent:
                 self.echo(f"tidal agent: warning: removing network shaping: {exc}")
             self.net = None
         if self.enforcement is not None and not self.config.record_cgroups:
-            self.harvest.io_guard.lift_all()  # Tidal starts unthrottled: its io limits go with it
+            if self.harvest.io_guard.lift_all() and not self.config.revert_on_exit:
+                self.enforcement.reconcile()  # Tidal starts unthrottled: its io limits go with it
         if self.config.revert_on_exit and self.enforcement is not None:
             with self.lock:
                 report = self.enforcement.revert()

@@ -30,7 +30,7 @@ is evicted (``services.eviction``, ``qrm.plan``).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Tuple
+from typing import Dict, Iterable, Optional, Tuple
 
 from agent.qrm.model import Allocation, Pools, QoS
 from agent.topology import Topology
@@ -99,3 +99,18 @@ def assignment(topo: Topology, alloc: Allocation, pools: Pools, harvest: bool) -
     if alloc.qos is QoS.SHARED:
         return Assignment(pools.shared, every, shares, False)
     return Assignment(reclaimed_cpus(pools, harvest), every, shares, True)
+
+
+def cpu_owners(pools: Pools, allocations: Iterable[Allocation]) -> Dict[int, Tuple[str, Optional[str]]]:
+    """Each cpu's pool and the workload that holds it alone, as status shows them: a dedicated
+    workload's cpus are its own (lent or not), then held-idle, reserved, shared, and reclaimed for a cpu
+    in the reclaim pool only. A cpu in none is missing from the map (the caller calls it unassigned)."""
+    owners: Dict[int, Tuple[str, Optional[str]]] = {}
+    for cpu in pools.reclaimed:
+        owners[cpu] = ("reclaimed", None)
+    for name, cpus in (("reserved", pools.reserved), ("shared", pools.shared), ("held-idle", pools.idle)):
+        owners.update((cpu, (name, None)) for cpu in cpus)
+    for alloc in allocations:
+        if alloc.qos is QoS.DEDICATED:
+            owners.update((cpu, ("dedicated", alloc.name)) for cpu in alloc.cpus)
+    return owners

@@ -201,10 +201,9 @@ class Admission:
         inside the runtime's deadline): cpus, mems, QoS level and cpu weight, by workload name."""
         with self.owner.lock:
             pool = self.owner.pools()
-            harvest, confined = self.enforcement.harvest, self.enforcement.confined()
             given = {}
             for alloc in self.owner.state.allocations:
-                one = assignment(self.owner.topology, alloc, pool, harvest and alloc.name not in confined)
+                one = assignment(self.owner.topology, alloc, pool, self.enforcement.harvests_for(alloc.name))
                 # a pod's cpu priority as the Reconciler writes it (isolation.cgroups.desired.pod_weight),
                 # a local workload's as its cgroup in Tidal's tree has it
                 shares = pod_weight(one, self.enforcement.driver.features).get("cpu_shares") if alloc.source != LOCAL else one.cpu_shares

@@ -15,7 +15,7 @@ import time
 from dataclasses import replace
 from typing import Any, Callable, Dict, Optional, Tuple
 
-from agent.isolation.cgroups.desired import CgroupOptions, desired_tree, harvests, partitions
+from agent.isolation.cgroups.desired import CgroupOptions, desired_tree, harvests, partitions, takes_idle
 from agent.isolation.cgroups.driver import CgroupDriver
 from agent.isolation.cgroups.layout import workload_path
 from agent.isolation.membership import Membership
@@ -32,11 +32,13 @@ class Enforcement:
                  drift_check_period: float, counters: Dict[str, int],
                  limits: Callable[[], Tuple[Optional[int], Optional[int], Optional[int]]],
                  protection: Callable[[], Tuple[Tuple[str, int], ...]] = tuple,
-                 confined: Callable[[], frozenset] = frozenset) -> None:
+                 confined: Callable[[], frozenset] = frozenset, io_limits: Callable[[], tuple] = tuple) -> None:
         """``limits()``: the reclaimed parent's (cpu cap millicpu, memory max bytes, memory high bytes or
         ``None`` for the default) now;
         ``protection()``: the online trees' ``memory.low`` now, ``((tree, bytes), ...)``;
-        ``confined()``: the reclaimed workloads kept off online's idle cpus now (``services.kernel_work``)."""
+        ``confined()``: the reclaimed workloads kept off online's idle cpus now (``services.kernel_work``);
+        ``io_limits()``: offline's block io limits now, ``((device, read_bps, write_bps), ...)``
+        (``services.io_guard``)."""
         self.owner = owner
         self.driver = driver
         self.membership = Membership(driver)  # moves and signals: isolation.membership
@@ -45,6 +47,7 @@ class Enforcement:
         self.drift_check_period = drift_check_period
         self.protection = protection
         self.confined = confined
+        self.io_limits = io_limits
         self.counters = counters
         self.limits = limits
         self.reconciler = Reconciler(driver, base)
@@ -61,7 +64,7 @@ class Enforcement:
 
     def harvests_for(self, name: str) -> bool:
         """Whether reclaimed workload ``name`` takes online's idle cpus now (not when it runs in the kernel)."""
-        return self.harvest and name not in self.confined()
+        return takes_idle(replace(self.options, confined=self.confined()), self.driver.features, name)
 
     def dedicated_isolation(self) -> Dict[str, object]:
         """How dedicated workloads' cpus are kept theirs: cpuset partitions, or plain cpusets and why."""
@@ -97,7 +100,8 @@ class Enforcement:
             cap, memory, high = self.limits()
             options = replace(self.options, base=self.base, reclaimed_cap_millicpu=cap, reclaimed_memory_max=memory,
                               reclaimed_memory_high=self.options.reclaimed_memory_high if high is None else high,
-                              online_memory_low=self.protection(), confined=self.confined())
+                              online_memory_low=self.protection(), confined=self.confined(),
+                              offline_io_max=self.io_limits())
             # the state object itself, compared by identity (an id() could be reused once freed); with
             # placements the Reconciler looks every pass (a pod's cgroups appear when the kubelet makes them)
             last = self._reconciled_key

@@ -177,10 +177,6 @@ class Harvest:
         self.sampler = UsageSampler(self._cpu_usage_ns, cpu_ids=self.owner.topology.online_cpus())
         return self.estimator.history.load()
 
-    def lift_stale_io_limits(self) -> List[str]:
-        """io limits an earlier agent left on offline cgroups (Tidal starts unthrottled)."""
-        return self.io_guard.lift_stale()
-
     def _cpu_usage_ns(self, path: str) -> Optional[int]:
         reader = self._aggregate_readers.get(path)
         return reader() if reader is not None else self.driver.cpu_usage_ns(path)
@@ -604,6 +600,9 @@ class Harvest:
                 # online's own figure only: the node-wide one counts offline's waits on its own io
                 if self.io_guard.on_window(online_wait(io_pressure), now):
                     self.counters["io_pressure_throttles"] = self.counters.get("io_pressure_throttles", 0) + 1
+                    with self.owner.lock:  # the limits reach the kernel now, through the Reconciler
+                        if not self._stopping():
+                            self.enforcement.reconcile()
             total = sum(read() or 0 for read in readers)
             history.append((now, total))
             del history[:-2]

@@ -2,13 +2,15 @@
 
 ``services.io_throttle`` decides (pure); this service measures what offline
 work moved per device (``isolation.cgroups.blockio``), feeds the loop, and
-writes its limits on every offline cgroup: the reclaimed tree and each
-reclaimed pod's cgroup (the same limit on each). The fast guard calls
-``on_window`` every ``io_throttle.WINDOW_S``, the period ``on_period``.
+hands its limits to the desired tree (``knob()``: the ``io_max`` knob of the
+reclaimed tree and of each reclaimed pod's cgroup), which the Reconciler
+writes like every other knob. The fast guard calls ``on_window`` every
+``io_throttle.WINDOW_S``, the period ``on_period``; when either returns True
+the caller reconciles.
 
-The limits are not in the state file: Tidal starts unthrottled, so at start
-(``lift_stale``) limits an earlier agent left are lifted, and on shutdown
-(``lift_all``) this agent's are.
+The limits are not in the state file: Tidal starts unthrottled, so the first
+reconcile lifts limits an earlier agent left on the offline cgroups, and on
+shutdown (``lift_all``, then a reconcile) this agent's go with it.
 """
 
 from __future__ import annotations
@@ -17,8 +19,7 @@ import logging
 import threading
 from typing import Callable, Dict, List, Optional, Tuple
 
-from agent.isolation.cgroups.blockio import read_io_bytes, read_io_limits, write_io_limit
-from agent.isolation.cgroups.detect import CgroupError
+from agent.isolation.cgroups.blockio import read_io_bytes
 from agent.services.io_throttle import IoThrottle, Limits, Rates
 
 log = logging.getLogger("tidal.agent")
@@ -32,9 +33,7 @@ class IoGuard:
         self.offline_cgroups = offline_cgroups
         self.throttle = IoThrottle(threshold_percent if driver.features.get("io") else 0.0)
         self.stopping = stopping
-        self.failures = 0
         self.rates: Dict[str, Tuple[float, float]] = {}  # offline's bytes/s per device, the last window
-        self._written: Dict[str, Limits] = {}  # cgroup -> the limits this agent put there
         self._last: Tuple[Optional[float], Dict[str, Tuple[int, int]]] = (None, {})
         self._lock = threading.Lock()
 
@@ -74,7 +73,6 @@ class IoGuard:
                 return False
             log.info("online io pressure %.1f%% (threshold %g%%): offline io limited to %s", percent,
                      self.throttle.threshold, describe(self.throttle.limits))
-            self._enforce()
             return True
 
     def on_period(self, percent: Optional[float]) -> bool:
@@ -83,57 +81,24 @@ class IoGuard:
             if self.stopping() or not self.throttle.on_period(percent):
                 return False
             log.info("online io pressure is down: offline io %s", describe(self.throttle.limits) or "no longer limited")
-            self._enforce()
             return True
 
-    def _enforce(self) -> None:
-        """Every offline cgroup holds the current limits; a pod that ended is forgotten."""
-        paths = self.offline_cgroups()
-        self._written = {p: v for p, v in self._written.items() if p in paths}
-        for path in paths:
-            written = self._written.setdefault(path, {})
-            for device in sorted(set(written) | set(self.throttle.limits)):
-                want = self.throttle.limits.get(device, (None, None))
-                if written.get(device, (None, None)) == want:
-                    continue
-                try:
-                    write_io_limit(self.driver, path, device, want)
-                except CgroupError as exc:
-                    self.failures += 1
-                    log.warning("io limit: %s", exc)
-                    continue
-                if want == (None, None):
-                    written.pop(device, None)
-                else:
-                    written[device] = want
-
-    def lift_stale(self) -> List[str]:
-        """At start: bandwidth limits on the offline cgroups that no agent now keeps (an earlier one
-        stopped without lifting them) are lifted; the ``cgroup device`` pairs."""
-        lifted = []
-        if not self.driver.features.get("io"):
-            return lifted
+    def knob(self) -> Tuple[Tuple[str, Optional[int], Optional[int]], ...]:
+        """The limits as the desired tree's ``io_max`` knob: ``((device, read_bps, write_bps), ...)``."""
         with self._lock:
-            for path in self.offline_cgroups():
-                for device in read_io_limits(self.driver, path):
-                    try:
-                        write_io_limit(self.driver, path, device, (None, None))
-                        lifted.append(f"{path} {device}")
-                    except CgroupError as exc:
-                        log.warning("io limit left by an earlier agent: %s", exc)
-        return lifted
+            return tuple((d, r, w) for d, (r, w) in sorted(self.throttle.limits.items()))
 
-    def lift_all(self) -> None:
-        """On shutdown: this agent's limits go with it."""
+    def lift_all(self) -> bool:
+        """On shutdown: this agent's limits go with it (True when there were some: reconcile then)."""
         with self._lock:
+            had = bool(self.throttle.limits)
             self.throttle.limits = {}
-            self._enforce()
+            return had
 
     def status(self) -> Dict[str, object]:
         return {"threshold_percent": self.throttle.threshold, "cuts": self.throttle.cuts,
                 "limits": {d: {"read_bps": r, "write_bps": w} for d, (r, w) in sorted(self.throttle.limits.items())},
-                "offline_bps": {d: {"read": round(r), "write": round(w)} for d, (r, w) in sorted(self.rates.items())},
-                "write_failures": self.failures}
+                "offline_bps": {d: {"read": round(r), "write": round(w)} for d, (r, w) in sorted(self.rates.items())}}
 
 
 def describe(limits: Limits) -> str:

@@ -157,3 +157,16 @@ def test_the_reported_machine_binds_each_cpu_node_to_its_own_dram(memtier_topolo
         if alloc.mems != (node,):
             continue  # bound elsewhere: the loop covers that node in its turn
         assert assignment(topo, alloc, pools(topo, state), harvest=False).mems == mems
+
+
+def test_each_cpu_has_one_owner_in_status_a_dedicated_owner_before_its_lent_pool():
+    from agent.qrm.assignment import cpu_owners
+    from agent.qrm.model import Allocation, Pools
+
+    pools = Pools(reserved=(0,), shared=(1, 2), reclaimed=(3, 6, 7), dedicated=(4, 5, 6, 7), idle=(8,), lendable=(6, 7))
+    web = Allocation(name="web", qos=QoS.DEDICATED, cpus=(4, 5, 6, 7), millicpu=4000)
+    owners = cpu_owners(pools, [web])
+    assert owners == {0: ("reserved", None), 1: ("shared", None), 2: ("shared", None), 3: ("reclaimed", None),
+                      4: ("dedicated", "web"), 5: ("dedicated", "web"), 6: ("dedicated", "web"),
+                      7: ("dedicated", "web"), 8: ("held-idle", None)}
+    assert 9 not in owners  # in no pool: the caller shows it unassigned

@@ -2,8 +2,11 @@
 
 import pytest
 
-from agent.isolation.cgroups.blockio import parse_io_max, parse_io_stat, read_io_bytes, read_io_limits, write_io_limit
+from agent.isolation.cgroups.blockio import parse_io_max, parse_io_stat, read_io_bytes, read_io_limits
+from agent.isolation.cgroups.desired import CgroupSpec
 from agent.isolation.cgroups.driver import RecordingCgroups
+from agent.isolation.cgroups.knobs import files_for, line_writes, satisfied
+from agent.isolation.cgroups.reconcile import Reconciler
 from agent.services.io_throttle import CEILING, FLOOR, QUIET_PERIODS, IoThrottle
 
 MIB = 1 << 20
@@ -79,27 +82,48 @@ def test_the_kernel_files_parse():
     assert parse_io_max("garbage\n") == {} and parse_io_max("8:0 rbps=x\n") == {}
 
 
-def test_limits_are_written_one_device_per_write_and_read_back():
-    driver = RecordingCgroups(version=2)
-    driver.create("t/reclaimed")
-    write_io_limit(driver, "t/reclaimed", "254:0", (2 * MIB, None))
-    assert [op[2:] for op in driver.ops if op[0] == "write"] == [("", "io.max", "254:0 rbps=2097152 wbps=max")]
-    assert read_io_limits(driver, "t/reclaimed") == {"254:0": (2 * MIB, None)}
-    with pytest.raises(ValueError):
-        write_io_limit(driver, "t/reclaimed", "sda", (MIB, MIB))
-    driver.files["t/reclaimed"][("", "io.stat")] = "254:0 rbytes=5 wbytes=6 rios=1 wios=1\n"
-    assert read_io_bytes(driver, "t/reclaimed") == {"254:0": (5, 6)}
+def test_io_max_is_a_knob_of_lines_one_device_per_write():
+    assert files_for(2, "io_max", (("254:0", 2 * MIB, None), ("8:0", None, MIB))) == \
+        [("", "io.max", "254:0 rbps=2097152 wbps=max\n8:0 rbps=max wbps=1048576")]
+    assert files_for(2, "io_max", ()) == [("", "io.max", "")] and files_for(1, "io_max", (("8:0", 1, 1),)) == []
+    # only the lines that differ are written; a device limited there and not wanted is lifted
+    assert line_writes("io.max", "254:0 rbps=5 wbps=max riops=max wiops=max\n8:0 rbps=max wbps=7",
+                       "8:0 rbps=max wbps=7\n8:16 rbps=9 wbps=max") == ["254:0 rbps=max wbps=max", "8:16 rbps=9 wbps=max"]
+    assert line_writes("io.max", None, "") == [] and line_writes("cpu.max", "max 100000", "1000 100000") == ["1000 100000"]
+    assert satisfied("io.max", "8:0 rbps=7 wbps=max riops=max wiops=max\n", "8:0 rbps=7 wbps=max")
+    assert satisfied("io.max", "8:0 rbps=max wbps=max riops=10 wiops=max\n", "")  # an iops limit is not Tidal's
+    assert satisfied("io.max", None, "") and not satisfied("io.max", None, "8:0 rbps=7 wbps=max")
+    assert not satisfied("io.max", "8:0 rbps=7 wbps=max", "8:0 rbps=8 wbps=max")
 
 
-def test_v1_has_no_io_limits_here():
-    driver = RecordingCgroups(version=1)
-    driver.create("t/reclaimed")
-    assert read_io_bytes(driver, "t/reclaimed") is None and read_io_limits(driver, "t/reclaimed") == {}
-    with pytest.raises(ValueError):
-        write_io_limit(driver, "t/reclaimed", "8:0", (MIB, None))
+def test_the_reconciler_writes_io_limits_keeps_others_originals_repairs_drift_and_reverts():
+    driver = RecordingCgroups(version=2, features={"cpu.idle": True, "memory": True, "io": True})
+    driver.create("kubepods/pod1")
+    driver.files["kubepods/pod1"][("", "io.max")] = "8:16 rbps=max wbps=5 riops=max wiops=max"  # someone else's
+    reconciler = Reconciler(driver, "t")
+    limits = (("254:0", 40 * MIB, None),)
+    specs = lambda io: [CgroupSpec("t", {}), CgroupSpec("t/reclaimed", {"io_max": io}),  # noqa: E731
+                        CgroupSpec("kubepods/pod1", {"io_max": io}, "pod/1", external=True)]
+    assert reconciler.apply(specs(limits)).ok
+    writes = [op[1:] for op in driver.ops if op[0] == "write"]
+    assert writes == [("t/reclaimed", "", "io.max", "254:0 rbps=41943040 wbps=max"),
+                      ("kubepods/pod1", "", "io.max", "254:0 rbps=41943040 wbps=max"),
+                      ("kubepods/pod1", "", "io.max", "8:16 rbps=max wbps=max")]  # the whole file is Tidal's
+    assert read_io_limits(driver, "t/reclaimed") == read_io_limits(driver, "kubepods/pod1") == {"254:0": (40 * MIB, None)}
+    driver.ops.clear()
+    assert reconciler.apply(specs(limits), verify=True).written == []  # nothing differs: nothing written
+    driver.files["t/reclaimed"][("", "io.max")] = ""  # someone lifted it
+    report = reconciler.apply(specs(limits), verify=True)
+    assert report.repaired == [("t/reclaimed", "io.max", "", "254:0 rbps=41943040 wbps=max")]
+    assert reconciler.apply(specs(())).ok  # the throttle lifted: every device line lifted
+    assert read_io_limits(driver, "t/reclaimed") == read_io_limits(driver, "kubepods/pod1") == {}
+    assert reconciler.apply(specs(limits)).ok
+    assert reconciler.revert().ok
+    assert "t/reclaimed" not in driver.files
+    assert read_io_limits(driver, "kubepods/pod1") == {"8:16": (None, 5)}  # as found
 
 
-def test_the_guard_measures_offline_io_writes_its_limits_and_lifts_them():
+def test_the_guard_measures_offline_io_and_hands_its_limits_to_the_tree():
     from agent.services.io_guard import IoGuard
 
     driver = RecordingCgroups(version=2, features={"cpu.idle": True, "memory": True, "io": True})
@@ -113,17 +137,36 @@ def test_the_guard_measures_offline_io_writes_its_limits_and_lifts_them():
     assert not guard.on_window(50.0, 10.0)  # the first window: no rate yet
     driver.files["t/reclaimed"][("", "io.stat")] = stat(30 * MIB)
     driver.files["kubepods/pod1"][("", "io.stat")] = stat(10 * MIB)
-    assert guard.on_window(50.0, 10.5)  # 80 MiB/s from both: limited to half, on each
+    assert guard.on_window(50.0, 10.5)  # 80 MiB/s from both: limited to half
     assert guard.rates == {"254:0": (80 * MIB, 0.0)}
-    for path in paths:
-        assert read_io_limits(driver, path) == {"254:0": (40 * MIB, None)}
-    paths.remove("kubepods/pod1")  # the pod ended: forgotten, the tree's limit stays
-    guard.lift_all()
-    assert read_io_limits(driver, "t/reclaimed") == {} and guard.status()["limits"] == {}
-    driver.files["t/reclaimed"][("", "io.max")] = "254:0 rbps=1048576 wbps=max\n"  # left by an earlier agent
-    assert guard.lift_stale() == ["t/reclaimed 254:0"] and read_io_limits(driver, "t/reclaimed") == {}
+    assert guard.knob() == (("254:0", 40 * MIB, None),)
+    assert not [op for op in driver.ops if op[0] == "write"]  # the guard writes nothing itself
+    assert guard.lift_all() and guard.knob() == () and not guard.lift_all()
     off = IoGuard(RecordingCgroups(version=1), lambda: ["t/reclaimed"], 20.0)  # v1: shown only
-    assert not off.active and off.lift_stale() == []
+    assert not off.active
+
+
+def test_the_agent_lifts_stale_limits_at_start_writes_the_guards_and_lifts_them_on_stop(tmp_path):
+    from agent.daemon import Agent, AgentConfig
+    from tests.unit.test_capacity_api import TOPO
+
+    driver = RecordingCgroups(version=2, features={"cpu.idle": True, "memory": True, "io": True})
+    driver.create("tidal/reclaimed")
+    driver.files["tidal/reclaimed"][("", "io.max")] = "254:0 rbps=1048576 wbps=max"  # left by an earlier agent
+    lines = []
+    config = AgentConfig(socket_path=str(tmp_path / "a.sock"), state_dir=str(tmp_path / "state"),
+                         memory_reserved_bytes=0)
+    agent = Agent(config, echo=lines.append, driver=driver, topology=TOPO)
+    agent.start()
+    try:
+        assert "tidal agent: lifted 1 io limits an earlier agent left (tidal/reclaimed 254:0)" in lines, lines
+        assert read_io_limits(driver, "tidal/reclaimed") == {}
+        agent.harvest.io_guard.throttle.limits = {"254:0": (2 * MIB, None)}
+        agent.reconcile()
+        assert read_io_limits(driver, "tidal/reclaimed") == {"254:0": (2 * MIB, None)}
+    finally:
+        agent.shutdown()
+    assert read_io_limits(driver, "tidal/reclaimed") == {}  # a clean stop keeps the tree, not the limits
 
 
 def test_status_and_metrics_show_io_limits_and_confined_workloads(tmp_path):

@@ -5,9 +5,9 @@
   one device per write.
 
 Devices are named ``"major:minor"``, as the kernel names them there; a limit's values are bytes per
-second, ``None`` for none. These files hold a line per device, so they are written here, one device per
-write, and not through the reconciler's one-value-per-file table (``knobs``): the io throttle
-(``services.io_throttle``) writes them only while online's io pressure calls for it.
+second, ``None`` for none. This module reads; the limits are the ``io_max`` knob of the desired tree
+(``knobs``), written like every other knob by the Reconciler, one device per write, with the originals of
+cgroups Tidal did not make kept for revert. The io throttle (``services.io_throttle``) decides them.
 
 Why not v1: its ``blkio`` controller throttles only io a task submits itself (reads, direct io), not the
 buffered writes the kernel's flusher issues, and this kernel counts a cgroup's bytes per device
@@ -68,15 +68,3 @@ def read_io_bytes(driver, path: str) -> Optional[Dict[str, Tuple[int, int]]]:
 def read_io_limits(driver, path: str) -> Dict[str, Pair]:
     """The bandwidth limits in force on ``path``, {device: (read, write)}."""
     return parse_io_max(driver.read("", path, "io.max")) if driver.version == 2 else {}
-
-
-def write_io_limit(driver, path: str, device: str, limit: Pair) -> None:
-    """Set (``None``: lift) the read and write bandwidth limits of ``device`` on ``path``; raises
-    ``CgroupError`` as the driver's write does, ``ValueError`` for a device not named ``major:minor``
-    or a cgroup v1 driver."""
-    if not DEVICE.match(device):
-        raise ValueError(f"{device!r}: not a major:minor device")
-    if driver.version != 2:
-        raise ValueError("io limits: cgroup v2 only")
-    rbps, wbps = ("max" if v is None else str(int(v)) for v in limit)
-    driver.write("", path, "io.max", f"{device} rbps={rbps} wbps={wbps}")

@@ -63,6 +63,9 @@ class CgroupOptions:
     # run in the kernel, where idle priority does not preempt them
     confined: frozenset = frozenset()
     dedicated_partition: str = "root"  # "root", "isolated" or "none" (plain cpusets); see partitions()
+    # ((device, read_bps or None, write_bps or None), ...): offline work's block io limits (services.io_guard),
+    # on the reclaimed tree and each reclaimed pod's cgroup; () lifts any found there (Tidal starts unthrottled)
+    offline_io_max: tuple = ()
 
 
 PARTITION_MODES = ("root", "isolated", "none")
@@ -120,6 +123,12 @@ def harvests(options: CgroupOptions, features: Mapping[str, bool]) -> bool:
     return bool(features.get("cpu.idle")) and options.harvest_shared
 
 
+def takes_idle(options: CgroupOptions, features: Mapping[str, bool], name: str) -> bool:
+    """Whether reclaimed workload ``name`` takes online's idle cpus: reclaimed work harvests and this one
+    is not confined (it runs in the kernel: ``services.kernel_work``). The one rule; every caller asks it."""
+    return harvests(options, features) and name not in options.confined
+
+
 def desired_tree(topo: Topology, state: State, pools: Pools, options: CgroupOptions,
                  features: Dict[str, bool], placements: Optional[Mapping[str, Sequence[str]]] = None
                  ) -> List[CgroupSpec]:
@@ -159,6 +168,8 @@ def desired_tree(topo: Topology, state: State, pools: Pools, options: CgroupOpti
         if high is not None:
             reclaimed_parent["memory_high"] = high
         reclaimed_parent["memory_soft_limit"] = 0
+    if features.get("io"):  # v2 with the io controller: offline's block io limits (the knob's whole file)
+        reclaimed_parent["io_max"] = tuple(options.offline_io_max)
 
     def protected(path: str) -> Dict[str, object]:
         return {"memory_low": low[path]} if path in low else {}
@@ -186,14 +197,14 @@ def desired_tree(topo: Topology, state: State, pools: Pools, options: CgroupOpti
         paths = placements.get(alloc.name)
         if alloc.qos is QoS.SYSTEM and paths is None and alloc.source != KUBERNETES:
             continue  # system workloads in Tidal's tree share tidal/system; a pod's live in its own cgroups
-        takes_idle = harvest and alloc.name not in options.confined
-        given = assignment(topo, alloc, pools, takes_idle)
+        idle = takes_idle(options, features, alloc.name)
+        given = assignment(topo, alloc, pools, idle)
         # (a reclaimed workload with no cpu is evicted before any reconcile: services.eviction.homeless)
         knobs: Dict[str, object] = {"cpus": format_cpulist(given.cpus) or reclaim, "mems": format_cpulist(given.mems)}
         # reclaimed work that may not take the shared pool's idle time (no cpu.idle, or it runs in the kernel:
         # services.kernel_work) and has no lent cpu waits on the shared pool at the minimum quota: its own
         # quota, written every pass (the minimum, or none), so leaving that state lifts it
-        parked = alloc.qos is QoS.RECLAIMED and not pools.reclaimed and not takes_idle
+        parked = alloc.qos is QoS.RECLAIMED and not pools.reclaimed and not idle
         if paths is not None or alloc.source == KUBERNETES:
             # where the kubelet (or runtime) put its processes; nothing until it made them
             if given.cpu_idle:
@@ -201,13 +212,15 @@ def desired_tree(topo: Topology, state: State, pools: Pools, options: CgroupOpti
                 # is capped at the node's whole reclaimed capacity, at the lowest priority
                 knobs["cpu_max"] = (MIN_QUOTA_US, CPU_PERIOD_US) if parked else reclaimed_parent["cpu_max"]
                 knobs.update(pod_weight(given, features))
-            pod_memory: Dict[str, object] = {}
+            pod_own: Dict[str, object] = {}
             if alloc.qos is QoS.RECLAIMED and features.get("memory"):
                 # the pod's own cgroup bounds its containers: the first reclaimed from under global pressure
                 # (v1), throttled at the reclaimed tree's memory.high (v2); its memory.max stays the kubelet's
-                pod_memory = {"memory_soft_limit": 0, **({"memory_high": reclaimed_parent["memory_high"]}
+                pod_own = {"memory_soft_limit": 0, **({"memory_high": reclaimed_parent["memory_high"]}
                                                          if "memory_high" in reclaimed_parent else {})}
-            external += [CgroupSpec(path, {**knobs, **(pod_memory if i == 0 else {}), **protected(path)}, alloc.name,
+            if alloc.qos is QoS.RECLAIMED and "io_max" in reclaimed_parent:
+                pod_own["io_max"] = reclaimed_parent["io_max"]  # the same block io limits as the tree
+            external += [CgroupSpec(path, {**knobs, **(pod_own if i == 0 else {}), **protected(path)}, alloc.name,
                                     external=True) for i, path in enumerate(paths or ())]
             continue
         if given.cpu_shares is not None:

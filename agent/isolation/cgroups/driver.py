@@ -719,6 +719,14 @@ class RecordingCgroups:
     def write(self, controller: str, path: str, file: str, text: str) -> None:
         if path not in self.files:
             raise CgroupError(f"{path}/{file}: no such cgroup")
+        if file == "io.max":  # as the kernel: a line sets its device's limits, the other devices keep theirs
+            lines = {line.split()[0]: line for line in (self.files[path].get((controller, file)) or "").splitlines()
+                     if line.split()}
+            lines[text.split()[0]] = text
+            self.ops.append(("write", path, controller, file, text))
+            self.files[path][(controller, file)] = "\n".join(
+                line for _, line in sorted(lines.items()) if "rbps=max wbps=max" not in line)
+            return
         self.files[path][(controller, file)] = text
         self.ops.append(("write", path, controller, file, text))
 

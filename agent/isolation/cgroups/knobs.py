@@ -14,10 +14,18 @@
 | memory_low  | (none)                                         | memory.low              |
 | memory_min  | (none)                                         | memory.min              |
 | memory_soft_limit | memory: memory.soft_limit_in_bytes (-1 = none) | (none: memory.low on online is v2's way) |
+| io_max      | (none: blkio throttles no buffered writes)     | io.max, a line per device |
 
 Values are logical: ``cpus``/``mems`` cpu-list strings, ``cpu_shares`` in
 v1 shares (1024 per cpu; the kubelet's unit), ``cpu_max`` a pair
-``(quota_us or None, period_us)``, memory in bytes or ``None`` for no limit.
+``(quota_us or None, period_us)``, memory in bytes or ``None`` for no limit,
+``io_max`` the bandwidth limits ``((device, read_bps or None, write_bps or
+None), ...)`` of every device (``()``: none anywhere).
+
+``io.max`` is a file of lines, one per device, and the kernel takes one line
+per write: its text here is all the lines; ``line_writes`` says which to
+write to go from what a file holds to what it should (a device limited there
+and not wanted is lifted), and ``satisfied`` compares the two.
 
 shares <-> weight is the conversion runc and the kubelet use
 (``weight = 1 + (shares - 2) * 9999 / 262142``), so Tidal's values read the
@@ -29,6 +37,7 @@ from __future__ import annotations
 import functools
 from typing import Any, List, Optional, Tuple
 
+from agent.isolation.cgroups.blockio import parse_io_max
 from agent.topology.parse import format_cpulist, parse_cpulist
 
 FileWrite = Tuple[str, str, str]  # (controller, file, text); controller "" on v2
@@ -83,10 +92,41 @@ def files_for(version: int, knob: str, value: Any) -> List[FileWrite]:
             [("", "memory.max", _v2_mem(value))]
     if knob == "memory_soft_limit":
         return [("memory", "memory.soft_limit_in_bytes", _v1_mem(value))] if version == 1 else []
+    if knob == "io_max":
+        return [] if version == 1 else [("", "io.max", _io_lines({d: (r, w) for d, r, w in value}))]
     if knob in ("memory_high", "memory_low", "memory_min"):
         return [] if version == 1 else [("", knob.replace("_", "."), _v2_mem(value) if knob == "memory_high"
                                          else str(int(value or 0)))]
     raise KeyError(f"unknown cgroup knob {knob!r}")
+
+
+def _io_line(device: str, pair) -> str:
+    rbps, wbps = ("max" if v is None else str(int(v)) for v in pair)
+    return f"{device} rbps={rbps} wbps={wbps}"
+
+
+def _io_lines(limits) -> str:
+    return "\n".join(_io_line(d, pair) for d, pair in sorted(limits.items()) if pair != (None, None))
+
+
+LINE_FILES = ("io.max",)  # files the kernel takes a line (a device) per write, each line its own setting
+
+
+def line_writes(file: str, actual: Optional[str], text: str) -> List[str]:
+    """The writes that take ``file`` from ``actual`` to ``text``: the text itself, or for a file of
+    lines only the lines that differ (a device limited there and not in ``text`` lifted)."""
+    if file not in LINE_FILES:
+        return [text]
+    want, have = parse_io_max(text), parse_io_max(actual)
+    return [_io_line(d, want.get(d, (None, None))) for d in sorted(set(want) | set(have))
+            if want.get(d, (None, None)) != have.get(d, (None, None))]
+
+
+def satisfied(file: str, actual: Optional[str], text: str) -> bool:
+    """Whether a file holding ``actual`` already holds ``text`` (an absent file of lines holds none)."""
+    if file in LINE_FILES and actual is None:
+        return not parse_io_max(text)
+    return normalize(file, actual) == normalize(file, text)
 
 
 _V1_MAX_BYTES = 9223372036854771712  # what memory.limit_in_bytes reads back for "-1" (page-rounded LONG_MAX)
@@ -110,4 +150,6 @@ def normalize(file: str, text: Optional[str]) -> Optional[str]:
             return text
     if file == "cpuset.cpus.partition":
         return text.split()[0] if text else text
+    if file in LINE_FILES:
+        return _io_lines(parse_io_max(text))
     return text

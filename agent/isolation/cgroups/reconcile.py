@@ -33,7 +33,7 @@ from typing import Dict, Iterable, List, Optional, Set, Tuple
 from agent.isolation.cgroups.desired import CgroupSpec
 from agent.isolation.cgroups.detect import CgroupError
 from agent.isolation.cgroups.driver import CgroupDriver
-from agent.isolation.cgroups.knobs import files_for, normalize
+from agent.isolation.cgroups.knobs import files_for, line_writes, normalize, satisfied
 from agent.topology.parse import format_cpulist, parse_cpulist
 
 Key = Tuple[str, str, str]  # (path, controller, file)
@@ -55,6 +55,12 @@ class ReconcileReport:
     @property
     def ok(self) -> bool:
         return not self.failed
+
+    @property
+    def io_lifted(self) -> List[str]:
+        """``"<cgroup> <device>"`` of each block io limit this pass lifted."""
+        return [f"{path} {line.split()[0]}" for path, file, line in self.written
+                if file == "io.max" and line.split()[1:] == ["rbps=max", "wbps=max"]]
 
 
 def _union(a: Optional[str], b: str) -> str:
@@ -97,7 +103,7 @@ class Reconciler:
         widening pass writes intermediate values."""
         key = (path, controller, file)
         actual = self._read(controller, path, file)
-        if normalize(file, actual) == normalize(file, text):
+        if satisfied(file, actual, text):
             if final:
                 self.last[key] = text
             return
@@ -106,7 +112,7 @@ class Reconciler:
             # may already be a parent's narrowed set, as a container's is once its pod was written)
             self.originals[key] = actual
         try:
-            self.driver.write(controller, path, file, text)
+            lines = self._put(controller, path, file, actual, text)
         except CgroupError as exc:
             self._cache.pop(key, None)
             if file in PARTITION_FILES:
@@ -115,11 +121,19 @@ class Reconciler:
                 report.failed.append((path, file, str(exc)))
             return
         self._cache[key] = text
-        report.written.append((path, file, text))
+        report.written += [(path, file, line) for line in lines]
         if final:
             if key in self._drifted:
                 report.repaired.append((path, file, self._drifted[key], text))
             self.last[key] = text
+
+    def _put(self, controller: str, path: str, file: str, actual: Optional[str], text: str) -> List[str]:
+        """Write ``text`` over ``actual``: one write, or one per line that differs in a file of lines
+        (``io.max``: the kernel takes a device per write); what was written."""
+        lines = line_writes(file, actual, text)
+        for line in lines:
+            self.driver.write(controller, path, file, line)
+        return lines
 
     def _refuse(self, report: ReconcileReport, path: str, reason: str) -> None:
         """A cpuset partition the kernel refused: recorded once, and the cgroup stays a plain cpuset."""
@@ -182,7 +196,7 @@ class Reconciler:
                     key = (spec.path, controller, file)
                     if key in self.last:
                         actual = self._read(controller, spec.path, file)
-                        if actual is not None and normalize(file, actual) != normalize(file, self.last[key]):
+                        if actual is not None and not satisfied(file, actual, self.last[key]):
                             self._drifted[key] = actual.strip()
 
     def apply(self, specs: List[CgroupSpec], verify: bool = True) -> ReconcileReport:
@@ -351,7 +365,7 @@ class Reconciler:
                 if not text and file in ("cpuset.cpus", "cpuset.mems"):
                     text = self._restore_inherited(controller, path, file)
                 else:
-                    self.driver.write(controller, path, file, text)
+                    self._put(controller, path, file, self.driver.read(controller, path, file), text)
                 report.written.append((path, file, text))
             except CgroupError as exc:
                 report.failed.append((path, file, str(exc)))
