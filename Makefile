@@ -12,6 +12,7 @@ PYTEST_ARGS ?=
 
 PREFIX ?= /opt/tidal
 UNIT_DIR ?= /etc/systemd/system
+CONFIG_DIR ?= /etc/tidal
 
 .PHONY: all install deps test docs test-cgroup2 bench-hierarchies run bench clean clean-test-leftovers k8s-testbin nrt-scheduler yarn-testbin node-testbin image
 
@@ -22,11 +23,14 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[test]'
 	@touch $@
 
-# A system-wide install with the systemd unit (root): a venv in $(PREFIX), the unit in $(UNIT_DIR).
+# A system-wide install with the systemd unit (root): a venv in $(PREFIX), the unit in $(UNIT_DIR),
+# its configuration in $(CONFIG_DIR)/agent.yaml (kept if there).
 install:
 	$(PYTHON) -m venv $(PREFIX)/venv
 	$(PREFIX)/venv/bin/pip install --quiet --disable-pip-version-check .
 	install -D -m 0644 systemd/tidal.service $(UNIT_DIR)/tidal.service
+	@# the operator's configuration is kept: the shipped one is written only where none exists
+	[ -e $(CONFIG_DIR)/agent.yaml ] || install -D -m 0644 systemd/agent.yaml $(CONFIG_DIR)/agent.yaml
 	install -D -m 0644 README.md /usr/local/share/doc/tidal/README.md
 	mkdir -p /usr/local/share/doc/tidal && cp -r docs CHANGELOG.md /usr/local/share/doc/tidal/
 	@if command -v systemctl >/dev/null 2>&1 && [ -d /run/systemd/system ]; then \

@@ -258,6 +258,13 @@ def parse_reserved(value: Optional[str]):
                    "Tidal's per-pod binding (annotations), which that plugin does not filter on.")
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["debug", "info", "warning", "error"]))
+@click.option("--config", default=None, type=click.Path(dir_okay=False), is_eager=True, expose_value=False,
+              callback=lambda ctx, param, value: _config_file().load(ctx, param, value), metavar="FILE",
+              help="Read the flags' values from this YAML file (e.g. /etc/tidal/agent.yaml; a key per flag, its "
+                   "name without dashes); flags given here override it. See docs/configuration.md.")
+@click.option("--print-config", default=None, is_flag=False, flag_value="yaml", type=click.Choice(["yaml", "json"]),
+              help="Print the effective configuration and where each value came from (default, file, flag), "
+                   "and exit.")
 def agent(root: str, socket_path: str, state_dir: str, reserved_cpus, period: float, tcp_port, tcp_token_file,
           socket_group, max_workloads_per_user: int, plugin_uid, plugin_socket, cgroup_base: str,
           cgroup_parent: str, no_resize: bool, revert: bool, push_command, push_url, push_format: str,
@@ -268,7 +275,7 @@ def agent(root: str, socket_path: str, state_dir: str, reserved_cpus, period: fl
           no_confine_self: bool, record_cgroups: bool,
           dedicated_partition: str,
           online_nic, offline_nic, offline_gateway, net_netns, no_ingress_shaping: bool, kube_node, kubeconfig,
-          kubelet_root_dir, kubelet_cgroup_driver, topology_policy: str, log_level: str) -> None:
+          kubelet_root_dir, kubelet_cgroup_driver, topology_policy: str, log_level: str, print_config) -> None:
     """Run the node agent in the foreground (what `make run` and the systemd unit start)."""
     import logging
 
@@ -276,30 +283,34 @@ def agent(root: str, socket_path: str, state_dir: str, reserved_cpus, period: fl
     from agent.isolation.cgroups.desired import CgroupOptions
 
     logging.basicConfig(level=getattr(logging, log_level.upper()), format="tidal agent: %(levelname)s %(message)s")
-    config = AgentConfig(root=root, socket_path=socket_path, state_dir=state_dir,
-                         reserved_cpus=parse_reserved(reserved_cpus), period=period, tcp_port=tcp_port,
-                         cgroup_base=cgroup_base, cgroup_parent=cgroup_parent, resize=not no_resize,
-                         revert_on_exit=revert, record_cgroups=record_cgroups, confine_self=not no_confine_self,
-                         cgroup_options=CgroupOptions(dedicated_partition=dedicated_partition),
-                         push_command=parse_argv("--push-command", push_command), push_url=push_url,
-                         push_format=push_format, push_resend=push_resend,
-                         yarn_rm=check_yarn_rm(yarn_rm, yarn_node_id, yarn_node_host), yarn_node_id=yarn_node_id,
-                         yarn_node_host=yarn_node_host,
-                         yarn_nodemanager_cgroups=parse_offline_cgroups(nm_cgroups, cgroup_base,
-                                                                        "--yarn-nodemanager-cgroup"),
-                         offline_cgroups=parse_offline_cgroups(dict.fromkeys(offline_cgroups + nm_cgroups), cgroup_base),
-                         yarn_container_tier=yarn_container_tier,
-                         eviction_grace=eviction_grace,
-                         memory_evict_below=parse_size("--memory-evict-below", memory_evict_below),
-                         memory_pressure_threshold=memory_pressure_threshold,
-                         cpu_pressure_threshold=cpu_pressure_threshold,
-                         io_pressure_threshold=io_pressure_threshold, online_policy=online_policy,
-                         hooks=parse_hooks(hooks),
-                         guard_interval=guard_interval, socket_group=group_id(socket_group),
-                         max_workloads_per_user=max_workloads_per_user, plugin_uid=plugin_uid,
-                         plugin_socket=plugin_socket_path(socket_path, plugin_socket),
-                         tcp_token=tcp_token(tcp_port, tcp_token_file),
-                         net=net_config(online_nic, offline_nic, offline_gateway, net_netns, not no_ingress_shaping))
+    with _config_file().blamed(click.get_current_context()):  # a bad value from the file names the file
+        config = AgentConfig(root=root, socket_path=socket_path, state_dir=state_dir,
+                             reserved_cpus=parse_reserved(reserved_cpus), period=period, tcp_port=tcp_port,
+                             cgroup_base=cgroup_base, cgroup_parent=cgroup_parent, resize=not no_resize,
+                             revert_on_exit=revert, record_cgroups=record_cgroups, confine_self=not no_confine_self,
+                             cgroup_options=CgroupOptions(dedicated_partition=dedicated_partition),
+                             push_command=parse_argv("--push-command", push_command), push_url=push_url,
+                             push_format=push_format, push_resend=push_resend,
+                             yarn_rm=check_yarn_rm(yarn_rm, yarn_node_id, yarn_node_host), yarn_node_id=yarn_node_id,
+                             yarn_node_host=yarn_node_host,
+                             yarn_nodemanager_cgroups=parse_offline_cgroups(nm_cgroups, cgroup_base,
+                                                                            "--yarn-nodemanager-cgroup"),
+                             offline_cgroups=parse_offline_cgroups(dict.fromkeys(offline_cgroups + nm_cgroups), cgroup_base),
+                             yarn_container_tier=yarn_container_tier,
+                             eviction_grace=eviction_grace,
+                             memory_evict_below=parse_size("--memory-evict-below", memory_evict_below),
+                             memory_pressure_threshold=memory_pressure_threshold,
+                             cpu_pressure_threshold=cpu_pressure_threshold,
+                             io_pressure_threshold=io_pressure_threshold, online_policy=online_policy,
+                             hooks=parse_hooks(hooks),
+                             guard_interval=guard_interval, socket_group=group_id(socket_group),
+                             max_workloads_per_user=max_workloads_per_user, plugin_uid=plugin_uid,
+                             plugin_socket=plugin_socket_path(socket_path, plugin_socket),
+                             tcp_token=tcp_token(tcp_port, tcp_token_file),
+                             net=net_config(online_nic, offline_nic, offline_gateway, net_netns, not no_ingress_shaping))
+    if print_config:  # after every value was checked as the agent would take it
+        click.echo(_config_file().render(click.get_current_context(), print_config))
+        return
     if kube_node:
         from agent.k8s.cpumanager import kubelet_cpu_manager_policy, refusal
 
@@ -326,6 +337,12 @@ def agent(root: str, socket_path: str, state_dir: str, reserved_cpus, period: fl
 
         agent.on_started = on_start
     sys.exit(agent.run())
+
+
+def _config_file():
+    from agent import configfile
+
+    return configfile
 
 
 def check_yarn_rm(url: Optional[str], node_id: Optional[str], node_host: Optional[str]) -> Optional[str]:
