@@ -14,7 +14,7 @@ PREFIX ?= /opt/tidal
 UNIT_DIR ?= /etc/systemd/system
 CONFIG_DIR ?= /etc/tidal
 
-.PHONY: all install deps test docs test-cgroup2 bench-hierarchies run bench clean clean-test-leftovers k8s-testbin nrt-scheduler yarn-testbin node-testbin image
+.PHONY: all install deps test docs dist test-cgroup2 bench-hierarchies run bench clean clean-test-leftovers k8s-testbin nrt-scheduler yarn-testbin node-testbin image
 
 all: test
 
@@ -76,6 +76,10 @@ node-testbin: deps
 # dist/tidal_<version>.oci.tar, docker.io/library/tidal:<version>, the name deploy/ uses
 image: deps
 	sh scripts/image.sh
+
+# a release: the wheel and sdist, the image, SHA256SUMS, in dist/ (scripts/dist.sh)
+dist: deps $(STAMP)
+	sh scripts/dist.sh
 
 run: deps $(STAMP)
 	$(BIN)/tidal agent
