@@ -331,7 +331,7 @@ def agent(root: str, socket_path: str, state_dir: str, reserved_cpus, period: fl
 
         def on_start():  # once the agent has its state: pods, reports, lending
             holder["k8s"] = KubeNodeAgent(agent, api, kube_node, kubelet_driver=kubelet_cgroup_driver,
-                                          topology_policy=topology_policy)
+                                          topology_policy=topology_policy, kubelet_root=kubelet_root_dir)
             holder["k8s"].start()
             click.echo(f"tidal agent: Kubernetes node {kube_node}: watching its pods, publishing its topology")
 

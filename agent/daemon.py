@@ -140,6 +140,11 @@ class Agent:
         self.counters: Dict[str, int] = {"drift_repairs": 0, "reconciles": 0, "reconcile_failures": 0,
                                          "released_empty": 0, "fast_shrinks": 0, "pressure_throttles": 0,
                                          "cpu_pressure_shrinks": 0, "io_pressure_throttles": 0}
+        # what a monitoring system needs beyond counters: when the loop last ran, when each report to the
+        # cluster was last known current (wall clock), and conflicts with other node software now
+        self.last_period_at: Optional[float] = None
+        self.reports: Dict[str, float] = {}
+        self.conflicts: Dict[str, str] = {}
         self.helper_join = HelperJoin()  # moves push commands and hooks into <base>/helpers once it exists
         self.lending.helper_join = self.helper_join
         self.pusher = self._pusher(config)
@@ -468,6 +473,7 @@ class Agent:
                 "last_reconcile_ms": round(self.last_reconcile_ms, 3),
                 "state_file": self.store.path, "socket": self.config.socket_path,
                 "runtime": {**self.runtime_integration(), "kubelet_cpu_manager": self.config.kubelet_cpu_manager},
+                "conflicts": dict(self.conflicts),
                 # connection slots per listener (agent.connections): who holds them, how many were turned away
                 "api": self._server.status() if self._server is not None else None,
             }
@@ -534,6 +540,7 @@ class Agent:
                                  self.harvest.memory_pressure.percent)
             self.node.advance(epoch)
             self.reconcile()
+            self.last_period_at = epoch
         if self.net is not None:
             try:
                 self.net.adjust()

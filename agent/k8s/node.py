@@ -82,7 +82,11 @@ class KubeletLayout:
 
 class KubeNodeAgent:
     def __init__(self, agent, api_client, node_name: str, resync: float = 30.0, report_period: float = 1.0,
-                 notice: str = "60s", kubelet_driver: Optional[str] = None, topology_policy: str = "none") -> None:
+                 notice: str = "60s", kubelet_driver: Optional[str] = None, topology_policy: str = "none",
+                 kubelet_root: Optional[str] = None) -> None:
+        """``kubelet_root``: the kubelet's root directory, whose CPU manager checkpoint is read again every
+        report (a kubelet restarted with the static policy beside a running agent is a conflict, shown
+        in status and metrics; the agent refuses only at its own start)."""
         from kubernetes import client
 
         self.agent = agent
@@ -99,6 +103,7 @@ class KubeNodeAgent:
         # every pod on the node (admitted or not): uid -> (namespace, name, counted by the upstream plugin)
         self.node_pods: Dict[str, Tuple[str, str, bool]] = {}
         self.topology_policy = topology_policy
+        self.kubelet_root = kubelet_root
         self.refused: Dict[str, str] = {}  # uid -> why (event recorded once)
         # the agent's own lock, not a second one: the pod watch admits (the agent's lock taken inside
         # this one) while the report loop reads the agent's state (the agent's lock, then this one);
@@ -250,12 +255,35 @@ class KubeNodeAgent:
     # ---- reports and lending ------------------------------------------------------------------
     def _report_loop(self) -> None:
         while not self.stop.wait(self.report_period):
+            self.check_kubelet()
             try:
                 self.follow_node_label()
                 self.publish()
+                self.agent.reports["nrt"] = time.time()  # the report in the API server is the agent's now
             except Exception as exc:  # noqa: BLE001
                 self.api_errors += 1
                 log.warning("report from %s: %s", self.node, exc)
+
+    def check_kubelet(self) -> None:
+        """The kubelet's CPU manager policy now: a conflict while it is one the agent refuses beside."""
+        from agent.k8s.cpumanager import kubelet_cpu_manager_policy, refusal
+
+        if self.kubelet_root is None:
+            return
+        try:
+            why = refusal(kubelet_cpu_manager_policy(self.kubelet_root), self.kubelet_root)
+        except ValueError as exc:
+            why = None
+            log.debug("kubelet checkpoint: %s", exc)
+        had = self.agent.conflicts.get("kubelet_cpu_manager")
+        if why and why != had:
+            log.error("conflict: %s", why)
+        elif had and not why:
+            log.warning("the kubelet's CPU manager conflict is over")
+        if why:
+            self.agent.conflicts["kubelet_cpu_manager"] = why
+        else:
+            self.agent.conflicts.pop("kubelet_cpu_manager", None)
 
     def nrt(self, now: Optional[float] = None) -> Dict[str, Any]:
         agent = self.agent

@@ -132,38 +132,78 @@ class AgentCollector(Collector):
             g = GaugeMetricFamily("tidal_online_usage_millicpu", "online (non-dedicated, non-reclaimed) cpu use")
             g.add_metric([], agent.online_millicpu)
             yield g
+            # every family is described even with no series (no push target here): what exists does not
+            # depend on the node's configuration, and a dashboard's names are checked against it
             pusher = getattr(agent, "pusher", None)
-            if pusher is not None:
-                records = pusher.records()
-                sent = CounterMetricFamily("tidal_push_sent", "capacity pushes an offline system took",
-                                           labels=["kind", "target"])
-                failed = CounterMetricFamily("tidal_push_failures", "capacity pushes that failed",
-                                             labels=["kind", "target"])
-                failing = GaugeMetricFamily("tidal_push_failing", "1 while a target's last push failed",
-                                            labels=["kind", "target"])
-                for r in records:
-                    sent.add_metric([r["kind"], r["name"]], r["sent"])
-                    failed.add_metric([r["kind"], r["name"]], r["failures"])
-                    failing.add_metric([r["kind"], r["name"]], 1 if r["consecutive_failures"] else 0)
-                yield sent
-                yield failed
-                yield failing
+            records = pusher.records() if pusher is not None else []
+            sent = CounterMetricFamily("tidal_push_sent", "capacity pushes an offline system took",
+                                       labels=["kind", "target"])
+            failed = CounterMetricFamily("tidal_push_failures", "capacity pushes that failed",
+                                         labels=["kind", "target"])
+            failing = GaugeMetricFamily("tidal_push_failing", "1 while a target's last push failed",
+                                        labels=["kind", "target"])
+            for r in records:
+                sent.add_metric([r["kind"], r["name"]], r["sent"])
+                failed.add_metric([r["kind"], r["name"]], r["failures"])
+                failing.add_metric([r["kind"], r["name"]], 1 if r["consecutive_failures"] else 0)
+            yield sent
+            yield failed
+            yield failing
             g = GaugeMetricFamily("tidal_node_state", "1 for the node's lending state", labels=["state"])
             for name in NODE_STATES:
                 g.add_metric([name], 1 if agent.lending.current.state == name else 0)
             yield g
+            yield from self.health(agent)
+
+    @staticmethod
+    def health(agent) -> Iterator:
+        """What alerts read beyond the counters: the version, the loop's last period, each report's
+        freshness, the pressure thresholds in force and conflicts with other node software."""
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            release = version("tidal")
+        except PackageNotFoundError:
+            release = "unknown"
+        g = GaugeMetricFamily("tidal_build_info", "1, labelled with the agent's version", labels=["version"])
+        g.add_metric([release], 1)
+        yield g
+        g = GaugeMetricFamily("tidal_last_period_timestamp_seconds", "wall clock of the loop's last complete period "
+                              "(absent before the first)")
+        if agent.last_period_at is not None:
+            g.add_metric([], agent.last_period_at)
+        yield g
+        g = GaugeMetricFamily("tidal_report_timestamp_seconds", "wall clock when each report to the cluster (nrt: "
+                              "the NodeResourceTopology object and the node's reclaimed resources) was last known "
+                              "current (absent: never, or not a Kubernetes node)", labels=["report"])
+        for report, at in sorted(agent.reports.items()):
+            g.add_metric([report], at)
+        yield g
+        g = GaugeMetricFamily("tidal_pressure_threshold_percent", "the share of time online may stall before "
+                              "offline work is cut, per resource (0: that loop is off)", labels=["resource"])
+        harvest = agent.harvest
+        for resource, value in (("memory", harvest.throttle.threshold), ("cpu", harvest.cpu_loop.threshold),
+                                ("io", harvest.io_guard.throttle.threshold)):
+            g.add_metric([resource], value)
+        yield g
+        g = GaugeMetricFamily("tidal_conflict", "1 while other node software conflicts with the agent "
+                              "(kubelet_cpu_manager: the kubelet now runs the static CPU manager)", labels=["kind"])
+        for kind in ("kubelet_cpu_manager",):
+            g.add_metric([kind], 1 if kind in agent.conflicts else 0)
+        yield g
 
 
 _registries: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 def gauges(figures, rows):
-    """A gauge for each (metric name, key of ``figures``, help) whose figure is known (None: absent)."""
+    """A gauge for each (metric name, key of ``figures``, help): its figure where known, no series where
+    not (None), the family described either way."""
     for name, key, text in rows:
+        g = GaugeMetricFamily(name, text)
         if figures[key] is not None:
-            g = GaugeMetricFamily(name, text)
             g.add_metric([], figures[key])
-            yield g
+        yield g
 
 
 def render(agent) -> bytes:

@@ -204,6 +204,16 @@ def test_reclaimed_capacity_is_published_on_nodes_and_schedules_reclaimed_pods(c
         wait_for(lambda n=name: quantity(core.read_node(n).status.allocatable.get("tidal.io/reclaimed-millicpu",
                                                                                   "0")) > 0,
                  f"{name} to publish its reclaimed cpu")
+    # the agents' metrics say when their report was last known current (what TidalReportStale reads)
+    import re
+    import time
+
+    from agent.reporter.metrics import render
+
+    for name in NODES:
+        text = render(cluster["agents"][name].agent).decode()
+        at = float(re.search(r'^tidal_report_timestamp_seconds\{report="nrt"\} (\S+)$', text, re.M).group(1))
+        assert time.time() - 30 < at <= time.time(), (name, at)
     name = f"batch-{uuid.uuid4().hex[:5]}"
     pod = make_pod(name, "100m", "64Mi", {"tidal.io/tier": "low"}, limits=False,
                    extra={"tidal.io/reclaimed-millicpu": "1000"})

@@ -754,3 +754,26 @@ def test_the_extender_binds_only_for_a_client_certificate_off_loopback():
         assert bound == []
     finally:
         server.shutdown()
+
+
+def test_a_kubelet_restarted_with_the_static_cpu_manager_is_a_conflict_in_status_and_metrics(
+        topo_dual_socket_ht, tmp_path):
+    from agent.reporter.metrics import render
+
+    agent = pod_agent(topo_dual_socket_ht, tmp_path, RecordingCgroups())
+    kubelet = tmp_path / "kubelet"
+    kubelet.mkdir()
+    node = KubeNodeAgent(agent, _NoApi(), "n1", kubelet_root=str(kubelet))
+    try:
+        node.check_kubelet()  # no checkpoint yet: no conflict
+        assert agent.status()["conflicts"] == {}
+        assert 'tidal_conflict{kind="kubelet_cpu_manager"} 0.0' in render(agent).decode()
+        (kubelet / "cpu_manager_state").write_text('{"policyName": "static", "defaultCpuSet": "0-7", "checksum": 1}')
+        node.check_kubelet()
+        assert "cpuManagerPolicy to none" in agent.status()["conflicts"]["kubelet_cpu_manager"]
+        assert 'tidal_conflict{kind="kubelet_cpu_manager"} 1.0' in render(agent).decode()
+        (kubelet / "cpu_manager_state").write_text('{"policyName": "none", "defaultCpuSet": "", "checksum": 1}')
+        node.check_kubelet()
+        assert agent.status()["conflicts"] == {}
+    finally:
+        agent.shutdown()
