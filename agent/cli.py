@@ -222,6 +222,11 @@ def parse_reserved(value: Optional[str]):
               help="When online tasks wait on block io this share of the time (percent, PSI of the online cgroups, "
                    "over 250 ms), limit offline work's bandwidth on each device it used to half its rate, halving "
                    "again while it lasts (at least 1 MiB/s), and double it back per quiet period (0: off).")
+@click.option("--reclaim-buffer", default=0.2, show_default=True, type=FiniteRange(0, 4),
+              help="Headroom kept for online above its recent peak, as a fraction of it: the reclaimed capacity "
+                   "and the reclaim pool leave online its peak times (1 + this).")
+@click.option("--lending-notice", default="60s", show_default=True, metavar="DURATION",
+              help="With --kube-node: the notice of lending and reclaim that the node's label asks for.")
 @click.option("--online-policy", default="wait", show_default=True, type=click.Choice(["wait", "evict"]),
               help="Lending: wait for online workloads to finish, or evict them when the notice ends.")
 @click.option("--hook", "hooks", multiple=True, metavar="STATE=JSON-ARGV",
@@ -271,7 +276,8 @@ def agent(root: str, socket_path: str, state_dir: str, reserved_cpus, period: fl
           push_resend: float, yarn_rm, yarn_node_id, yarn_node_host, offline_cgroups, nm_cgroups,
           yarn_container_tier: str, eviction_grace: float,
           memory_evict_below, memory_pressure_threshold: float, cpu_pressure_threshold: float,
-          io_pressure_threshold: float, online_policy: str, hooks, guard_interval: float,
+          io_pressure_threshold: float, reclaim_buffer: float, lending_notice: str, online_policy: str, hooks,
+          guard_interval: float,
           no_confine_self: bool, record_cgroups: bool,
           dedicated_partition: str,
           online_nic, offline_nic, offline_gateway, net_netns, no_ingress_shaping: bool, kube_node, kubeconfig,
@@ -307,7 +313,9 @@ def agent(root: str, socket_path: str, state_dir: str, reserved_cpus, period: fl
                              max_workloads_per_user=max_workloads_per_user, plugin_uid=plugin_uid,
                              plugin_socket=plugin_socket_path(socket_path, plugin_socket),
                              tcp_token=tcp_token(tcp_port, tcp_token_file),
-                             net=net_config(online_nic, offline_nic, offline_gateway, net_netns, not no_ingress_shaping))
+                             net=net_config(online_nic, offline_nic, offline_gateway, net_netns, not no_ingress_shaping),
+                             reclaim_buffer=reclaim_buffer, lending_notice=parse_duration("--lending-notice", lending_notice),
+                             local_settings=_config_file().local_keys(click.get_current_context()))
     if print_config:  # after every value was checked as the agent would take it
         click.echo(_config_file().render(click.get_current_context(), print_config))
         return
@@ -360,20 +368,25 @@ def check_yarn_rm(url: Optional[str], node_id: Optional[str], node_host: Optiona
     return url
 
 
-SIZE_UNITS = {"": 1, "k": 1000, "m": 1000 ** 2, "g": 1000 ** 3, "ki": 1 << 10, "mi": 1 << 20, "gi": 1 << 30}
-
-
 def parse_size(option: str, value: Optional[str]) -> Optional[int]:
     """A memory size as Kubernetes writes it (``512Mi``, ``1Gi``, ``2G``, bytes), at least 1 MiB."""
+    from agent.tunables import size
+
     if value is None:
         return None
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMG]i?|[kmg]i?)?\s*", value)
-    if not match:
-        raise TidalError(f"{option}: expected a size such as 512Mi or 1Gi, got {value!r}")
-    size = int(float(match.group(1)) * SIZE_UNITS[(match.group(2) or "").lower()])
-    if size < (1 << 20):
-        raise TidalError(f"{option}: {value!r} is under 1Mi")
-    return size
+    try:
+        return size(value)
+    except ValueError as exc:
+        raise TidalError(f"{option}: {exc}") from None
+
+
+def parse_duration(option: str, value: str) -> float:
+    from agent.tunables import notice
+
+    try:
+        return notice(value)
+    except ValueError as exc:
+        raise TidalError(f"{option}: {exc}") from None
 
 
 def parse_offline_cgroups(paths, base: str = "tidal", option: str = "--offline-cgroup") -> tuple:
@@ -639,6 +652,18 @@ def status(socket_path: str, as_json: bool) -> None:
 
             click.echo("offline io LIMITED: " + describe({d: (v["read_bps"], v["write_bps"])
                                                           for d, v in io["limits"].items()}))
+    policy = data.get("policy")
+    if policy:
+        line = f"cluster policy: {policy['name']} (generation {policy['generation']})"
+        if policy["applied"]:
+            line += "; sets " + ", ".join(f"{k}={data['settings'][k]['value']}" for k in policy["applied"])
+        if policy["kept_local"]:
+            line += "; this node's own kept: " + ", ".join(policy["kept_local"])
+        if policy["refused"]:
+            line += "; refused: " + "; ".join(f"{k}: {why}" for k, why in sorted(policy["refused"].items()))
+        click.echo(line)
+    for kind, why in sorted((data.get("conflicts") or {}).items()):
+        click.echo(f"CONFLICT ({kind}): {why}")
     causes = {k: v for k, v in (data.get("evictions_by_cause") or {}).items() if v}
     if causes:
         click.echo("evictions " + ", ".join(f"{cause} {count}" for cause, count in causes.items()))

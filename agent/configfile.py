@@ -181,3 +181,9 @@ def blamed(ctx: click.Context) -> Iterator[None]:
         if param is None or path is None or ctx.get_parameter_source(param.name).name != "DEFAULT_MAP":
             raise
         raise type(exc)(f"config file {path}: {match.group(1)}: {match.group(3)}") from None
+
+
+def local_keys(ctx: click.Context) -> frozenset:
+    """The keys this node set itself, on the command line or in the file (a cluster policy leaves them)."""
+    return frozenset(key for key, param in options(ctx.command).items()
+                     if ctx.get_parameter_source(param.name).name in ("COMMANDLINE", "DEFAULT_MAP"))

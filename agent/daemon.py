@@ -124,6 +124,10 @@ class AgentConfig:
     plugin_socket: Optional[str] = None  # a read-only socket for the NRI plugin, owned by plugin_uid
     plugin_uid: int = 0  # the NRI plugin's uid: the plugin socket's owner
     max_workloads_per_user: int = 64  # workloads one non-root uid may hold through the socket
+    reclaim_buffer: float = 0.2  # headroom kept above online's recent peak (contracts.headroom), a fraction
+    lending_notice: float = 60.0  # seconds of notice for lending driven by the node's label (Kubernetes)
+    # tunables (agent.tunables) set on this node by a flag or the config file: a cluster policy leaves them
+    local_settings: frozenset = frozenset()
 
 
 
@@ -145,6 +149,10 @@ class Agent:
         self.last_period_at: Optional[float] = None
         self.reports: Dict[str, float] = {}
         self.conflicts: Dict[str, str] = {}
+        # the tunables in force, each (value, source: local, policy or default), and the cluster policy
+        # this node follows (agent.k8s.policy), or None
+        self.tuned: Dict[str, tuple] = {}
+        self.policy: Optional[Dict[str, Any]] = None
         self.helper_join = HelperJoin()  # moves push commands and hooks into <base>/helpers once it exists
         self.lending.helper_join = self.helper_join
         self.pusher = self._pusher(config)
@@ -283,6 +291,9 @@ class Agent:
             self.echo(f"tidal agent: warning: {warning}")
         self.admission.track_all()
         self.admission.homeless()  # a checkpoint whose every cpu is reserved or dedicated keeps no reclaimed work
+        from agent.tunables import resolve
+
+        self.tune(resolve(cfg, cfg.local_settings, {}))  # this node's own settings until a cluster policy comes
         report = self.reconcile()
         owner.store.save(owner.state, owner.topology)
         if not cfg.record_cgroups:
@@ -474,9 +485,56 @@ class Agent:
                 "state_file": self.store.path, "socket": self.config.socket_path,
                 "runtime": {**self.runtime_integration(), "kubelet_cpu_manager": self.config.kubelet_cpu_manager},
                 "conflicts": dict(self.conflicts),
+                "policy": self.policy,
+                "settings": {key: {"value": value, "source": source} for key, (value, source) in self.tuned.items()},
                 # connection slots per listener (agent.connections): who holds them, how many were turned away
                 "api": self._server.status() if self._server is not None else None,
             }
+
+    # ---- settings that change while running (agent.tunables) ----------------------------
+
+    def tune(self, resolution: Dict[str, tuple]) -> Dict[str, Any]:
+        """Apply ``{key: (value, source)}`` to the running loops; the keys whose value changed."""
+        with self.lock:
+            changed = {k: v for k, (v, _) in resolution.items() if self.tuned.get(k, (object(),))[0] != v}
+            lifted = False
+            harvest, eviction = self.harvest, self.eviction
+            for key, value in changed.items():
+                if key == "memory-pressure-threshold":
+                    lifted |= harvest.throttle.set_threshold(value)
+                    eviction.memory_pressure_threshold = value
+                elif key == "cpu-pressure-threshold":
+                    lifted |= harvest.cpu_loop.set_threshold(value)
+                elif key == "io-pressure-threshold":  # where the kernel can limit block io at all
+                    lifted |= harvest.io_guard.throttle.set_threshold(value if self.driver.features.get("io") else 0.0)
+                elif key == "eviction-grace":
+                    eviction.grace = value
+                elif key == "memory-evict-below":
+                    eviction.memory_evict_below = value
+                elif key == "reclaim-buffer":
+                    harvest.sizer.buffer = harvest.estimator.buffer = value
+            self.tuned = dict(resolution)
+            if lifted and self.enforcement is not None and not self._stop.is_set():
+                self.reconcile()  # a loop turned off lets go of what it held, now
+            return changed
+
+    def apply_policy(self, policy: Optional[Dict[str, Any]]) -> Dict[str, Any]:
+        """Follow a cluster policy (``{"name", "generation", "agent": spec.agent}``), or none: each tunable
+        that is not set on this node takes the policy's value, else its default."""
+        from agent.tunables import from_policy, resolve
+
+        values, refused = from_policy(policy.get("agent") if policy else None)
+        changed = self.tune(resolve(self.config, self.config.local_settings, values))
+        with self.lock:
+            self.policy = None if policy is None else {
+                "name": policy["name"], "generation": policy.get("generation"),
+                "applied": sorted(k for k in values if k not in self.config.local_settings),
+                "kept_local": sorted(k for k in values if k in self.config.local_settings),
+                "refused": refused}
+        if changed:
+            log.info("settings %s: %s", f"of policy {policy['name']} (generation {policy.get('generation')})"
+                     if policy else "back to this node's own", ", ".join(f"{k}={v}" for k, v in sorted(changed.items())))
+        return changed
 
     def cpu_pressure_status(self) -> Dict[str, Any]:
         """Online's cpu wait share (PSI) and what it did to lending; io's, for the record (status, metrics)."""

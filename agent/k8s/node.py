@@ -82,7 +82,7 @@ class KubeletLayout:
 
 class KubeNodeAgent:
     def __init__(self, agent, api_client, node_name: str, resync: float = 30.0, report_period: float = 1.0,
-                 notice: str = "60s", kubelet_driver: Optional[str] = None, topology_policy: str = "none",
+                 notice: Optional[str] = None, kubelet_driver: Optional[str] = None, topology_policy: str = "none",
                  kubelet_root: Optional[str] = None) -> None:
         """``kubelet_root``: the kubelet's root directory, whose CPU manager checkpoint is read again every
         report (a kubelet restarted with the static policy beside a running agent is a conflict, shown
@@ -113,6 +113,9 @@ class KubeNodeAgent:
         self.threads = []
         self.last_report: Optional[str] = None
         self.last_report_at = 0.0
+        from agent.k8s.policy import PolicyWatcher
+
+        self.policies = PolicyWatcher(agent, self.custom, self.stop, resync=resync)
         self.published = 0
         self.api_errors = 0
 
@@ -122,9 +125,10 @@ class KubeNodeAgent:
 
         check_crd(self.custom, KubeError)
         try:
-            self.core.read_node(self.node, _request_timeout=timeouts.CALL)
+            node = self.core.read_node(self.node, _request_timeout=timeouts.CALL)
         except ApiException as exc:
             raise KubeError(f"node {self.node!r}: {exc.status} {exc.reason}") from None
+        self.policies.node_labels(node.metadata.labels or {})
 
     def start(self) -> None:
         self.check()
@@ -132,6 +136,7 @@ class KubeNodeAgent:
             thread = threading.Thread(target=target, name=f"k8s-{name}-{self.node}", daemon=True)
             thread.start()
             self.threads.append(thread)
+        self.threads.append(self.policies.start())  # the cluster policies: applied as their events come
 
     def close(self) -> None:
         self.stop.set()
@@ -264,6 +269,12 @@ class KubeNodeAgent:
                 self.api_errors += 1
                 log.warning("report from %s: %s", self.node, exc)
 
+    def lending_notice(self):
+        """The notice a label-driven lending gets: the one given here, else the agent's (a policy may set it)."""
+        if self.notice is not None:
+            return self.notice
+        return self.agent.tuned.get("lending-notice", (self.agent.config.lending_notice,))[0]
+
     def check_kubelet(self) -> None:
         """The kubelet's CPU manager policy now: a conflict while it is one the agent refuses beside."""
         from agent.k8s.cpumanager import kubelet_cpu_manager_policy, refusal
@@ -294,7 +305,8 @@ class KubeNodeAgent:
                              cap.millicpu if cap else 0, cap.memory_bytes if cap else 0,
                              agent.lending.current.state, self.pods.keys(), now,
                              counted_pods=[(ns, name) for ns, name, counted in self.node_pods.values() if counted],
-                             topology_policy=self.topology_policy)
+                             topology_policy=self.topology_policy,
+                             cluster_policy=f"{agent.policy['name']}/{agent.policy['generation']}" if agent.policy else "none")
 
     def publish(self, force: bool = False) -> bool:
         body = self.nrt()
@@ -318,12 +330,13 @@ class KubeNodeAgent:
         from agent.lending import OFFLINE, ONLINE, TO_OFFLINE, TO_ONLINE
 
         node = self.core.read_node(self.node, _request_timeout=timeouts.CALL)
+        self.policies.node_labels(node.metadata.labels or {})  # a relabelled node may follow another policy
         want = (node.metadata.labels or {}).get(STATE_LABEL)
         current = self.agent.lending.current.state
         if want == OFFLINE and current == ONLINE:
-            self.agent.lend(self.notice)
+            self.agent.lend(self.lending_notice())
         elif want == ONLINE and current == OFFLINE:
-            self.agent.take_back(self.notice)
+            self.agent.take_back(self.lending_notice())
         elif want == ONLINE and current == TO_OFFLINE:
             self.agent.take_back("0s")  # called off during the notice
         elif want == OFFLINE and current == TO_ONLINE:

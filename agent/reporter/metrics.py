@@ -186,6 +186,12 @@ class AgentCollector(Collector):
                                 ("io", harvest.io_guard.throttle.threshold)):
             g.add_metric([resource], value)
         yield g
+        g = GaugeMetricFamily("tidal_cluster_policy_info", "1, labelled with the cluster policy (TidalPolicy) the node "
+                              "follows and its generation (absent: the node's own settings)",
+                              labels=["policy", "generation"])
+        if agent.policy:
+            g.add_metric([str(agent.policy["name"]), str(agent.policy["generation"])], 1)
+        yield g
         g = GaugeMetricFamily("tidal_conflict", "1 while other node software conflicts with the agent "
                               "(kubelet_cpu_manager: the kubelet now runs the static CPU manager)", labels=["kind"])
         for kind in ("kubelet_cpu_manager",):

@@ -26,10 +26,11 @@ from contracts.nrt import (FINGERPRINT, FINGERPRINT_METHOD, TOPOLOGY_POLICY, TOP
 def build_nrt(node: str, topology, state, pools, pod_memory: Mapping[str, int], reclaimed_millicpu: int,
               reclaimed_memory: int, node_state: str, pod_uids: Iterable[str], now: Optional[float] = None,
               policy: str = "tidal-qrm", counted_pods: Iterable[Tuple[str, str]] = (),
-              topology_policy: str = "none") -> Dict[str, Any]:
+              topology_policy: str = "none", cluster_policy: str = "none") -> Dict[str, Any]:
     """``pod_memory``: workload name -> bytes requested (for NUMA-bound workloads' zones);
     ``pod_uids``: the admitted pods; ``counted_pods``: (namespace, name) of every pod on the node the
-    upstream plugin counts (``contracts.nrt.counted_by_the_plugin``), for the fingerprint."""
+    upstream plugin counts (``contracts.nrt.counted_by_the_plugin``), for the fingerprint;
+    ``cluster_policy``: ``<name>/<generation>`` of the TidalPolicy the node follows ("none": its own settings)."""
     now = time.time() if now is None else now
     pod_uids = list(pod_uids)
     reserved = set(pools.reserved)
@@ -71,6 +72,7 @@ def build_nrt(node: str, topology, state, pools, pod_memory: Mapping[str, int], 
         (TOPOLOGY_POLICY, topology_policy),
         (TOPOLOGY_SCOPE, "pod"),
         ("tidal.io/policy", policy),
+        ("tidal.io/cluster-policy", cluster_policy),
         (FINGERPRINT, pods_fingerprint(counted_pods)),
         (FINGERPRINT_METHOD, "all"),
         ("tidal.io/pods", ",".join(sorted(pod_uids))),

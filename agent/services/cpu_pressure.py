@@ -42,6 +42,14 @@ class CpuPressureLoop:
         self._since_release: Optional[int] = None  # periods since the last hold ended
         self._quiet = QuietPeriods(threshold_percent)
 
+    def set_threshold(self, percent: float) -> bool:
+        """A new threshold (a policy's); turning the loop off ends a hold on lending (True then)."""
+        self.threshold = self._quiet.threshold = percent
+        if percent <= 0 and self.holding:
+            self.holding = 0
+            return True
+        return False
+
     def on_pressure(self, percent: Optional[float], carved: bool) -> bool:
         """A fast-guard sample; True when every lent cpu must go back now."""
         if self.threshold <= 0 or percent is None or percent < self.threshold or not carved:

@@ -82,6 +82,14 @@ class IoThrottle:
         target = max(FLOOR, int(rate * CUT) // 4096 * 4096)
         return target if limit is None or target < limit else limit
 
+    def set_threshold(self, percent: float) -> bool:
+        """A new threshold (a policy's); True when turning the loop off lifted limits."""
+        self.threshold = self._quiet.threshold = percent
+        if percent <= 0 and self.limits:
+            self.limits = {}
+            return True
+        return False
+
     def on_period(self, percent: Optional[float]) -> bool:
         """A period's sample: True when the limits grew (or were lifted)."""
         if not self.limits or self._quiet.sample(percent) < QUIET_PERIODS:

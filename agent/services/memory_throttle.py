@@ -51,6 +51,14 @@ class MemoryThrottle:
         self.cuts += 1
         return True
 
+    def set_threshold(self, percent: float) -> bool:
+        """A new threshold (a policy's); True when turning the loop off lifted a throttle."""
+        self.threshold = self._quiet.threshold = percent
+        if percent <= 0 and self.limit is not None:
+            self.limit = None
+            return True
+        return False
+
     def on_period(self, percent: Optional[float], unthrottled: Optional[int]) -> bool:
         """A period's sample; True when the limit grew (or went)."""
         if self.limit is None or self._quiet.sample(percent) < QUIET_PERIODS:

@@ -224,17 +224,19 @@ current-context: e2e
 
 
 def install_manifests(api, *manifests: str) -> None:
-    """The NodeResourceTopology CRD (waited for until established), then each of ``deploy/<manifest>``,
-    as a user applies them."""
+    """Tidal's CRDs (NodeResourceTopology, TidalPolicy; waited for until established), then each of
+    ``deploy/<manifest>``, as a user applies them."""
     import yaml
     from kubernetes import client, utils
 
-    with open("deploy/crd-noderesourcetopology.yaml") as handle:
-        utils.create_from_dict(api, yaml.safe_load(handle))
     ext = client.ApiextensionsV1Api(api)
-    wait_for(lambda: any(c.type == "Established" and c.status == "True" for c in
-                         ext.read_custom_resource_definition("noderesourcetopologies.topology.node.k8s.io")
-                         .status.conditions or []), "the CRD to be established")
+    for path, name in (("deploy/crd-noderesourcetopology.yaml", "noderesourcetopologies.topology.node.k8s.io"),
+                       ("deploy/crd-tidalpolicy.yaml", "tidalpolicies.tidal.io")):
+        with open(path) as handle:
+            utils.create_from_dict(api, yaml.safe_load(handle))
+        wait_for(lambda n=name: any(c.type == "Established" and c.status == "True" for c in
+                                    ext.read_custom_resource_definition(n).status.conditions or []),
+                 f"{name} to be established")
     for manifest in manifests:
         with open(f"deploy/{manifest}") as handle:
             for doc in yaml.safe_load_all(handle):

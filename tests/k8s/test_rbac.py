@@ -69,6 +69,9 @@ def test_the_token_of_a_daemonset_pod_names_its_node(plane, agent_token):
     ("get", "nodes/n-own", "yes"), ("patch", "nodes/n-own", "yes"), ("list", "pods", "yes"),
     ("delete", "nodes/n-other", "no"), ("create", "pods", "no"), ("get", "secrets", "no"),
     ("create", "pods/eviction", "no"), ("create", "pods/binding", "no"), ("delete", "noderesourcetopologies", "no"),
+    # the cluster policies: read (watched), never written by an agent
+    ("watch", "tidalpolicies.tidal.io", "yes"), ("list", "tidalpolicies.tidal.io", "yes"),
+    ("patch", "tidalpolicies.tidal.io", "no"), ("create", "tidalpolicies.tidal.io", "no"),
 ], ids=lambda v: v if isinstance(v, str) else None)
 def test_rbac_bounds_what_the_agent_may_do_at_all(plane, agent_token, verb, resource, want):
     assert can_i(plane, agent_token, verb, resource) == want

@@ -61,7 +61,8 @@ def node():
         real.start()
         # the shipped manifests, as a user applies them (the scheduler configurations in deploy/ are
         # kube-scheduler's files, not API objects)
-        real.kubectl("apply", "-f", f"{REPO}/deploy/crd-noderesourcetopology.yaml", "-f", f"{REPO}/deploy/rbac.yaml",
+        real.kubectl("apply", "-f", f"{REPO}/deploy/crd-noderesourcetopology.yaml",
+                     "-f", f"{REPO}/deploy/crd-tidalpolicy.yaml", "-f", f"{REPO}/deploy/rbac.yaml",
                      "-f", f"{REPO}/deploy/agent-daemonset.yaml", check=True)
         wait_for(lambda: agent_pod(real) and agent_pod(real)["status"].get("phase") == "Running"
                  and AgentClient(AGENT_SOCKET, timeout=5).request("GET", "/v1/health"), "the agent's DaemonSet pod",
