@@ -13,8 +13,9 @@ PYTEST_ARGS ?=
 PREFIX ?= /opt/tidal
 UNIT_DIR ?= /etc/systemd/system
 CONFIG_DIR ?= /etc/tidal
+COMPLETION_DIR ?= /usr/share/bash-completion/completions
 
-.PHONY: all install deps test docs dist test-cgroup2 bench-hierarchies run bench clean clean-test-leftovers k8s-testbin nrt-scheduler yarn-testbin node-testbin image
+.PHONY: all install deps test docs dist helm manifests test-cgroup2 bench-hierarchies run bench clean clean-test-leftovers k8s-testbin nrt-scheduler yarn-testbin node-testbin image
 
 all: test
 
@@ -31,6 +32,8 @@ install:
 	install -D -m 0644 systemd/tidal.service $(UNIT_DIR)/tidal.service
 	@# the operator's configuration is kept: the shipped one is written only where none exists
 	[ -e $(CONFIG_DIR)/agent.yaml ] || install -D -m 0644 systemd/agent.yaml $(CONFIG_DIR)/agent.yaml
+	@# bash completion from click (zsh and fish: docs/install.md)
+	mkdir -p $(COMPLETION_DIR) && _TIDAL_COMPLETE=bash_source $(PREFIX)/venv/bin/tidal > $(COMPLETION_DIR)/tidal
 	install -D -m 0644 README.md /usr/local/share/doc/tidal/README.md
 	mkdir -p /usr/local/share/doc/tidal && cp -r docs CHANGELOG.md /usr/local/share/doc/tidal/
 	@if command -v systemctl >/dev/null 2>&1 && [ -d /run/systemd/system ]; then \
@@ -76,6 +79,14 @@ node-testbin: deps
 # dist/tidal_<version>.oci.tar, docker.io/library/tidal:<version>, the name deploy/ uses
 image: deps
 	sh scripts/image.sh
+
+# helm (helm.sh/helm/v3 from the Go module proxy, cached in ~/.cache/tidal/helm) for the chart's tests
+helm:
+	sh scripts/helm.sh
+
+# deploy/'s plain manifests, rendered from the chart (deploy/helm/tidal), their one source
+manifests:
+	sh scripts/render-manifests.sh
 
 # a release: the wheel and sdist, the image, SHA256SUMS, in dist/ (scripts/dist.sh)
 dist: deps $(STAMP)

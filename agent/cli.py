@@ -26,6 +26,10 @@ class _Group(click.Group):
         """Usage mistakes too are one ``tidal: error:`` line and exit 2 (click's own form is a
         usage block and an error line); ``--help`` and successful commands are click's."""
         kwargs["standalone_mode"] = False
+        # `tidal` however it was started (the entry point, python -m agent.cli): its usage lines, and the
+        # shell completion's variable (_TIDAL_COMPLETE=bash_source tidal)
+        kwargs.setdefault("prog_name", "tidal")
+        kwargs.setdefault("complete_var", "_TIDAL_COMPLETE")
         try:
             code = super().main(*args, **kwargs)
         except click.ClickException as exc:

@@ -13,8 +13,8 @@ Two nodes, one agent process each:
   kubelet-layout cgroup holds a real process; the pod's cpuset is written by
   the agent's Reconciler and the process is confined to its cpu.
 
-Arguments beyond the manifest's, each for a reason that is not behaviour:
-``--state-dir``/``--socket`` point at a temporary directory instead of the
+Arguments beyond the manifest's (and its ConfigMap, the agent's config file), each for a reason that
+is not behaviour: ``--state-dir``/``--socket`` point at a temporary directory instead of the
 host paths the manifest mounts; ``--kubeconfig`` because outside a pod there
 is no service account; ``--root``/``--record-cgroups`` for the hwloc node
 (its topology is a snapshot, and no kubelet made its pods' cgroups);
@@ -46,17 +46,24 @@ CPUSET = "/sys/fs/cgroup/cpuset"
 
 
 def daemonset_command(node: str, state_dir: str, socket_path: str):
-    """The agent container's command from the shipped manifest, as a local process."""
+    """The agent container's command from the shipped manifest, as a local process: its config file is
+    the manifest's ConfigMap (written beside the state directory), and the flags after it move the
+    paths that belong to a real installation (flags override the file, as they would there)."""
     with open("deploy/agent-daemonset.yaml") as handle:
-        doc = yaml.safe_load(handle)
-    command = list(doc["spec"]["template"]["spec"]["containers"][0]["command"])
+        docs = [d for d in yaml.safe_load_all(handle) if d]
+    daemonset = next(d for d in docs if d["kind"] == "DaemonSet")
+    configmap = next(d for d in docs if d["kind"] == "ConfigMap")
+    command = list(daemonset["spec"]["template"]["spec"]["containers"][0]["command"])
     assert command[:2] == ["tidal", "agent"], command
     argv = [a.replace("$(NODE_NAME)", node) for a in command[2:]]
-    # the manifest's hostPath mounts (/var/lib/tidal, /run/tidal) belong to a real installation
-    argv[argv.index("--state-dir") + 1] = state_dir
-    argv[argv.index("--socket") + 1] = socket_path
-    # the plugin socket beside it, one directory per agent (two agents here share a directory)
-    argv[argv.index("--plugin-socket") + 1] = os.path.join(socket_path + ".plugin", "plugin.sock")
+    config = os.path.join(os.path.dirname(state_dir), f"{node}-agent.yaml")
+    with open(config, "w") as handle:
+        handle.write(configmap["data"]["agent.yaml"])
+    argv[argv.index("--config") + 1] = config
+    # the manifest's hostPath mounts (/var/lib/tidal, /run/tidal) belong to a real installation; the
+    # plugin socket beside the agent's, one directory per agent (two agents here share a directory)
+    argv += ["--state-dir", state_dir, "--socket", socket_path,
+             "--plugin-socket", os.path.join(socket_path + ".plugin", "plugin.sock")]
     return [sys.executable, "-m", "agent.cli", "agent", *argv]
 
 

@@ -1,4 +1,4 @@
-"""The node tier: Tidal's image as the DaemonSet of deploy/, beside a real kubelet and containerd,
+"""The node tier: Tidal's image as the DaemonSet of its Helm chart, beside a real kubelet and containerd,
 confining real containers (pytest -m node; make k8s-testbin node-testbin image).
 
 What is read is what the kernel shows: each container process's ``Cpus_allowed_list`` and its
@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import statistics
+import subprocess
 import time
 import uuid
 from typing import Dict, List, Optional, Set
@@ -47,6 +48,16 @@ def image_archive() -> Optional[str]:
     return path if os.path.exists(path) else None
 
 
+def helm(node: "RealNode", *args: str) -> str:
+    """The real helm (scripts/helm.sh builds and caches it) against this node's API server."""
+    done = subprocess.run(["sh", f"{REPO}/scripts/helm.sh"], capture_output=True, text=True, timeout=1200)
+    assert done.returncode == 0, done.stderr
+    out = subprocess.run([done.stdout.strip(), "--kubeconfig", node.kubeconfig, *args], capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    return out.stdout
+
+
 @pytest.fixture(scope="module")
 def node():
     import urllib3
@@ -59,11 +70,11 @@ def node():
     real = RealNode(k8s_testbin(), node_testbin(), image_archive(), f"docker.io/library/tidal:{project_version()}")
     try:
         real.start()
-        # the shipped manifests, as a user applies them (the scheduler configurations in deploy/ are
-        # kube-scheduler's files, not API objects)
-        real.kubectl("apply", "-f", f"{REPO}/deploy/crd-noderesourcetopology.yaml",
-                     "-f", f"{REPO}/deploy/crd-tidalpolicy.yaml", "-f", f"{REPO}/deploy/rbac.yaml",
-                     "-f", f"{REPO}/deploy/agent-daemonset.yaml", check=True)
+        # the chart, as a user installs it (deploy/helm/tidal; the plain manifests of deploy/ are its rendering):
+        # the node's part, the agent with its NRI plugin; the cluster side (extender, lending controller) is the
+        # Kubernetes tier's, and no TLS secret exists here for the extender to mount
+        helm(real, "install", "tidal", f"{REPO}/deploy/helm/tidal", "--namespace", "tidal-system", "--create-namespace",
+             "--set", "extender.enabled=false", "--set", "lending.enabled=false")
         wait_for(lambda: agent_pod(real) and agent_pod(real)["status"].get("phase") == "Running"
                  and AgentClient(AGENT_SOCKET, timeout=5).request("GET", "/v1/health"), "the agent's DaemonSet pod",
                  timeout=120)
@@ -287,7 +298,10 @@ def test_a_reclaimed_pod_runs_at_the_lowest_priority_under_a_quota_and_yields_to
 
 def test_a_dedicated_pod_gets_exactly_its_cpu_and_keeps_it_through_restarts(node):
     """Exactly its cpu, disjoint from the reserved pool, sandbox included, for HOLD_SECONDS; meanwhile
-    the agent's pod is deleted (the DaemonSet makes a new one), the kubelet and containerd restart."""
+    the agent's pod is deleted (the DaemonSet makes a new one), the kubelet and containerd restart, and a
+    release rolls over the node: `helm upgrade` to a new image tag (this image tagged again: what is
+    tested is the DaemonSet's rolling update and the new agent taking over what the old one left; that a
+    released checkpoint is read is tests/unit/test_release_upgrade.py)."""
     reserved = reserved_cpus()
     before = nrt_cpu_available(node)
     run_pod(node, "dedicated", "1")
@@ -297,7 +311,7 @@ def test_a_dedicated_pod_gets_exactly_its_cpu_and_keeps_it_through_restarts(node
     assert not mine & reserved
     wait_for(lambda: nrt_cpu_available(node) == before - 1, "the NRT report counting the dedicated cpu", timeout=30)
 
-    disruptions = [(0.2, "agent pod"), (0.45, "kubelet"), (0.7, "containerd")]
+    disruptions = [(0.2, "agent pod"), (0.4, "kubelet"), (0.6, "containerd"), (0.8, "upgrade")]
     started = time.monotonic()
     samples = 0
     while time.monotonic() - started < HOLD_SECONDS or disruptions:
@@ -310,6 +324,17 @@ def test_a_dedicated_pod_gets_exactly_its_cpu_and_keeps_it_through_restarts(node
                 wait_for(lambda: (agent_pod(node) or {}).get("metadata", {}).get("uid") not in (None, old)
                          and agent_pod(node)["status"].get("phase") == "Running", "the DaemonSet's new agent pod",
                          timeout=120)
+            elif what == "upgrade":
+                old = agent_pod(node)["metadata"]["uid"]
+                version = project_version()
+                node.ctr("images", "tag", "--force", f"docker.io/library/tidal:{version}",
+                         f"docker.io/library/tidal:{version}-next", check=True)
+                helm(node, "upgrade", "tidal", f"{REPO}/deploy/helm/tidal", "--namespace", "tidal-system",
+                     "--reuse-values", "--set", f"image.tag={version}-next")
+                wait_for(lambda: (agent_pod(node) or {}).get("metadata", {}).get("uid") not in (None, old)
+                         and agent_pod(node)["status"].get("phase") == "Running"
+                         and agent_pod(node)["spec"]["containers"][0]["image"] == f"tidal:{version}-next",
+                         "the upgraded DaemonSet's agent pod", timeout=120)
             else:
                 node.restart(what)
         for name, pid in container_pids(node, pod(node, "dedicated")).items():

@@ -124,3 +124,20 @@ def test_an_agent_started_from_a_file_runs_with_its_values(tmp_path):
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 0
+
+
+def test_shell_completion_completes_commands_options_and_choices():
+    import os
+
+    env = dict(os.environ, _TIDAL_COMPLETE="bash_source")
+    source = subprocess.run([sys.executable, "-m", "agent.cli"], env=env, capture_output=True, text=True, timeout=60)
+    assert "_tidal_completion" in source.stdout or "complete -o nosort -F" in source.stdout, source.stdout[:500]
+
+    def complete(words, cword):
+        env = dict(os.environ, _TIDAL_COMPLETE="bash_complete", COMP_WORDS=words, COMP_CWORD=str(cword))
+        done = subprocess.run([sys.executable, "-m", "agent.cli"], env=env, capture_output=True, text=True, timeout=60)
+        return [line.split(",", 1)[1] for line in done.stdout.splitlines()]
+
+    assert complete("tidal sta", 1) == ["status"]
+    assert complete("tidal agent --topology-policy ", 3) == ["none", "best-effort", "restricted", "single-numa-node"]
+    assert "--print-config" in complete("tidal agent --pri", 2)

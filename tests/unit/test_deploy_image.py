@@ -98,5 +98,11 @@ def test_the_agent_sees_one_file_of_the_kubelets_and_the_plugin_one_directory_of
     assert set(plugin) == {"plugin", "nri"} and volumes["plugin"]["hostPath"]["path"] == "/run/tidal/plugin"
     agent = next(c for c in pod["containers"] if c["name"] == "agent")
     nri = next(c for c in pod["containers"] if c["name"] == "nri")
-    assert "--plugin-socket" in agent["command"] and "/run/tidal/plugin/plugin.sock" in agent["command"]
+    # the agent's settings are its config file, the manifest's ConfigMap mounted read-only at /etc/tidal
+    assert agent["command"][agent["command"].index("--config") + 1] == "/etc/tidal/agent.yaml"
+    assert mounts["agent"]["config"] == {"name": "config", "mountPath": "/etc/tidal", "readOnly": True}
+    with open(os.path.join(REPO, "deploy", "agent-daemonset.yaml")) as handle:
+        configmap = next(d for d in yaml.safe_load_all(handle) if d and d["kind"] == "ConfigMap")
+    assert volumes["config"]["configMap"]["name"] == configmap["metadata"]["name"]
+    assert yaml.safe_load(configmap["data"]["agent.yaml"])["plugin-socket"] == "/run/tidal/plugin/plugin.sock"
     assert nri["command"][nri["command"].index("--agent-socket") + 1] == "/run/tidal/plugin/plugin.sock"

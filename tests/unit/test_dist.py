@@ -32,14 +32,18 @@ def test_the_wheel_installs_into_a_fresh_venv_and_reads_a_node(tmp_path, hwloc_t
     assert done.returncode == 0, done.stdout + done.stderr
     wheel = src / "dist" / f"tidal-{version}-py3-none-any.whl"
     sdist = src / "dist" / f"tidal-{version}.tar.gz"
+    chart = src / "dist" / f"tidal-{version}.tgz"
     sums = dict(line.split()[::-1] for line in (src / "dist" / "SHA256SUMS").read_text().splitlines())
-    assert set(sums) == {wheel.name, sdist.name}
-    for path in (wheel, sdist):
+    assert set(sums) == {wheel.name, sdist.name, chart.name}
+    for path in (wheel, sdist, chart):
         assert sums[path.name] == hashlib.sha256(path.read_bytes()).hexdigest()
     names = zipfile.ZipFile(wheel).namelist()
     assert "agent/openapi.json" in names and not any(n.startswith("tests/") for n in names)
     with tarfile.open(sdist) as archive:
         assert f"tidal-{version}/pyproject.toml" in archive.getnames()
+    with tarfile.open(chart) as archive:
+        assert {"tidal/Chart.yaml", "tidal/values.schema.json", "tidal/crds/crd-tidalpolicy.yaml",
+                "tidal/files/grafana-dashboard.json"} <= set(archive.getnames())
 
     # a fresh venv, the wheel from its file (its dependencies from the package index), run from
     # elsewhere with nothing of the repository on its path

@@ -1,4 +1,5 @@
-"""What ships for monitoring (deploy/monitoring) reads what the agent exports.
+"""What ships for monitoring (the chart's files/: the alerting rules and the Grafana dashboard; rendered
+into deploy/monitoring too) reads what the agent exports.
 
 * Every metric a rule or a dashboard panel names is one a live agent serves on /metrics (its families,
   as Prometheus names their series: a counter's ``_total``); ``up`` is Prometheus' own.
@@ -25,8 +26,8 @@ from agent.client import _UnixConnection
 from agent.topology.synthetic import Shape, write_tree
 
 ROOT = Path(__file__).resolve().parents[2]
-RULES = ROOT / "deploy" / "monitoring" / "prometheus-rule.yaml"
-DASHBOARD = ROOT / "deploy" / "monitoring" / "grafana-dashboard.json"
+RULES = ROOT / "deploy" / "helm" / "tidal" / "files" / "prometheus-rules.yaml"  # a Prometheus rule file
+DASHBOARD = ROOT / "deploy" / "helm" / "tidal" / "files" / "grafana-dashboard.json"
 PROMETHEUS_OWN = {"up"}
 SERIES = {"counter": ("_total",), "gauge": ("",), "summary": ("_sum", "_count", ""), "histogram": ("_bucket", "_sum", "_count"),
           "info": ("_info",), "stateset": ("",), "gaugehistogram": ("_bucket", "_gsum", "_gcount"), "unknown": ("",)}
@@ -34,7 +35,7 @@ SERIES = {"counter": ("_total",), "gauge": ("",), "summary": ("_sum", "_count", 
 
 def rule_exprs() -> List[str]:
     doc = yaml.safe_load(RULES.read_text())
-    return [rule["expr"] for group in doc["spec"]["groups"] for rule in group["rules"]]
+    return [rule["expr"] for group in doc["groups"] for rule in group["rules"]]
 
 
 def dashboard_exprs(dashboard: dict) -> List[str]:
@@ -107,8 +108,8 @@ def test_the_rules_pass_promtool_and_its_unit_tests(tmp_path):
     promtool = shutil.which("promtool")
     if promtool is None:
         pytest.fail("no promtool: `make deps` installs Debian's prometheus package (scripts/debian-packages.txt)")
-    spec = yaml.safe_load(RULES.read_text())["spec"]
-    (tmp_path / "rules.yml").write_text(yaml.safe_dump(spec))
+    spec = yaml.safe_load(RULES.read_text())
+    shutil.copy(RULES, tmp_path / "rules.yml")
     shutil.copy(ROOT / "tests" / "monitoring" / "rules-test.yaml", tmp_path)
     check = subprocess.run([promtool, "check", "rules", "rules.yml"], cwd=tmp_path, capture_output=True, text=True)
     assert check.returncode == 0 and f"SUCCESS: {len(rule_exprs())} rules found" in check.stdout, check.stdout + check.stderr
