@@ -84,12 +84,23 @@ ROOT_OPTION = click.option(
 @main.command()
 @ROOT_OPTION
 @click.option("--json", "as_json", is_flag=True, help="Print the JSON contract instead of a table.")
-def topology(root: str, as_json: bool) -> None:
+@click.option("--capture", metavar="DIR", default=None,
+              help="Also copy the sysfs/procfs files discovery read into DIR (new or empty), a tree "
+                   "that --root reads back to the same answer (NVML's details excepted).")
+def topology(root: str, as_json: bool, capture: Optional[str]) -> None:
     """Show the node's sockets, NUMA nodes, L3 groups, cores, threads, GPUs and NICs."""
     from agent.topology import HostFS, discover
     from agent.topology.render import render_topology
 
-    topo = discover(HostFS(root))
+    if capture is not None:
+        from agent.topology.capture import RecordingFS, write_capture
+
+        recording = RecordingFS(root)
+        topo = discover(recording)
+        written = write_capture(recording, capture)
+        click.echo(f"tidal: captured {written} entries under {capture}", err=True)
+    else:
+        topo = discover(HostFS(root))
     if as_json:
         emit_json(topo.to_dict())
     else:

@@ -36,6 +36,7 @@ WRITERS = {
     "agent/bench/netlab.py": "a benchmark process joins its own test cgroup",
     "agent/bench/memory_isolation.py": "the benchmark's data files (the working set and the stream it reads)",
     "cluster/extender.py": "recorded scheduler bodies (--record-dir)",
+    "agent/topology/capture.py": "a captured sysfs/procfs tree, in the operator's new directory (--capture)",
 }
 KERNEL_FILE = re.compile(r"^(cgroup\.(procs|subtree_control|threads)|cpuset\.(cpus|mems)(\.partition)?|"
                          r"cpu\.(max|idle|shares|weight|cfs_quota_us|cfs_period_us)|"
