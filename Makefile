@@ -15,7 +15,7 @@ UNIT_DIR ?= /etc/systemd/system
 CONFIG_DIR ?= /etc/tidal
 COMPLETION_DIR ?= /usr/share/bash-completion/completions
 
-.PHONY: all install deps test docs dist helm manifests test-cgroup2 bench-hierarchies run bench clean clean-test-leftovers k8s-testbin nrt-scheduler yarn-testbin node-testbin image
+.PHONY: all install deps test docs dist helm kwok manifests test-cgroup2 bench-hierarchies run bench clean clean-test-leftovers k8s-testbin nrt-scheduler yarn-testbin node-testbin image
 
 all: test
 
@@ -79,6 +79,11 @@ node-testbin: deps
 # dist/tidal_<version>.oci.tar, docker.io/library/tidal:<version>, the name deploy/ uses
 image: deps
 	sh scripts/image.sh
+
+# KWOK (sigs.k8s.io/kwok from the Go module proxy, cached in ~/.cache/tidal/kwok) for the scheduler tier
+# (pytest -m sched) and tidal bench scheduler
+kwok:
+	sh scripts/kwok.sh
 
 # helm (helm.sh/helm/v3 from the Go module proxy, cached in ~/.cache/tidal/helm) for the chart's tests
 helm:

@@ -66,6 +66,41 @@ class FiniteRange(click.FloatRange):
         return number
 
 
+ROOT_DIR_OPTION = click.option(
+    "--shapes", "shapes_dir", default=None, type=click.Path(file_okay=False),
+    help="Captured trees to make nodes of: a directory of sysfs trees (tidal topology --capture), or of "
+         "hwloc's *.tar.bz2 test trees (default: tests/fixtures/hwloc of this checkout).")
+
+
+def _captured_trees(directory: Optional[str]) -> dict:
+    """``{name: root}`` of the machines under ``directory`` (archives extracted into a temporary dir)."""
+    import glob
+    import subprocess
+    import tempfile
+
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    directory = directory or os.path.join(here, "tests", "fixtures", "hwloc")
+    if not os.path.isdir(directory):
+        raise TidalError(f"--shapes {directory}: no such directory")
+    roots = {}
+    archives = sorted(glob.glob(os.path.join(directory, "*.tar.bz2")))
+    if archives:
+        work = tempfile.mkdtemp(prefix="tidal-shapes-")
+        for archive in archives:
+            name = os.path.basename(archive)[:-len(".tar.bz2")]
+            expected = archive[:-len(".tar.bz2")] + ".expected.json"
+            subprocess.run(["tar", "-xjf", archive, "-C", work], check=True)
+            root = json.load(open(expected))["root"] if os.path.exists(expected) else name
+            roots[name] = os.path.join(work, root)
+    else:
+        for entry in sorted(os.listdir(directory)):
+            if os.path.isdir(os.path.join(directory, entry, "sys")):
+                roots[entry] = os.path.join(directory, entry)
+    if not roots:
+        raise TidalError(f"--shapes {directory}: no captured trees (*.tar.bz2 or directories with sys/)")
+    return roots
+
+
 def emit_json(data: Any) -> None:
     click.echo(json.dumps(data, indent=2, sort_keys=False))
 
@@ -939,6 +974,75 @@ def cluster_extender(kubeconfig, port: int, address: str, tls_cert, tls_key, tls
     server.shutdown()
 
 
+@cluster.command("scheduler")
+@KUBECONFIG_OPTION
+@click.option("--scheduler-name", default="tidal-scheduler", show_default=True,
+              help="Schedule the pods whose spec.schedulerName is this.")
+@click.option("--policy", default="pack", show_default=True, type=click.Choice(["pack", "spread"]),
+              help="pack: best fit (fewest nodes used); spread: the freest node.")
+@click.option("--shards", default=1, show_default=True, type=click.IntRange(1, 64),
+              help="Scheduler instances, each trying its own share of the nodes first (conflicts resolved "
+                   "when a placement is committed).")
+@click.option("--bind-workers", default=8, show_default=True, type=click.IntRange(1, 256),
+              help="Bindings in flight at once.")
+@click.option("--batch", default=256, show_default=True, type=click.IntRange(1, 100_000),
+              help="Identical pods (same template, in queue order) placed in one pass.")
+@click.option("--fair", is_flag=True, help="Namespaces take turns among units of the same priority.")
+@click.option("--no-preemption", is_flag=True, help="Never evict pods to make room.")
+@click.option("--stale-after", default=120.0, show_default=True, type=FiniteRange(1, 10 ** 7),
+              help="Seconds after which a node's topology report is not trusted for NUMA-bound pods.")
+@click.option("--leader-elect/--no-leader-elect", default=True, show_default=True,
+              help="Schedule only while holding the Lease (replicas wait warm).")
+@click.option("--lease-namespace", default="kube-system", show_default=True)
+@click.option("--lease-name", default="tidal-scheduler", show_default=True)
+@click.option("--metrics-port", default=10259, show_default=True, type=click.IntRange(0, 65535),
+              help="Serve /metrics here (0: not at all).")
+@click.option("--metrics-address", default="0.0.0.0", show_default=True)
+def cluster_scheduler(kubeconfig, scheduler_name: str, policy: str, shards: int, bind_workers: int, batch: int,
+                      fair: bool, no_preemption: bool, stale_after: float, leader_elect: bool, lease_namespace: str,
+                      lease_name: str, metrics_port: int, metrics_address: str) -> None:
+    """Schedule pods (alone or in gangs) on the nodes' reports: NUMA-true, preempting reclaimed work."""
+    import logging
+    import signal
+    import threading
+
+    from kube.rest import Rest
+    from cluster.scheduler.service import Scheduler
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    rest = Rest.from_config(kube_client(kubeconfig).configuration)
+    scheduler = Scheduler(rest, scheduler_name, policy, shards, bind_workers, stale_after, batch, fair,
+                          not no_preemption)
+    if metrics_port:
+        from prometheus_client import start_http_server
+
+        start_http_server(metrics_port, metrics_address, registry=scheduler.metrics.registry)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    lost = threading.Event()
+
+    def on_lost() -> None:  # another replica may lead now: stop placing, and exit so the pod restarts
+        scheduler._lost()
+        lost.set()
+        stop.set()
+
+    try:
+        scheduler.start(leader_elect, lease_namespace, lease_name, on_lost=on_lost)
+    except TimeoutError as exc:
+        raise TidalError(str(exc)) from None
+    click.echo(f"tidal scheduler: {scheduler_name}, {len(scheduler.table)} nodes, policy {policy}, {shards} "
+               f"shard(s){', leader election on ' + lease_namespace + '/' + lease_name if leader_elect else ''}",
+               err=True)
+    try:
+        while not stop.wait(1.0):
+            pass
+    except KeyboardInterrupt:
+        pass
+    scheduler.close()
+    if lost.is_set():
+        raise TidalError("leader election lost: another replica may be scheduling; exiting")
+
+
 @cluster.command("lending")
 @KUBECONFIG_OPTION
 @click.option("--threshold", default=0.9, show_default=True, type=FiniteRange(0.01, 1.0),
@@ -1072,6 +1176,40 @@ def bench_extender(nodes: int, calls: int, client: str, as_json: bool) -> None:
     from cluster.extender_bench import run
 
     emit_json(run(nodes, calls, client=client))
+
+
+@bench.command("scheduler")
+@click.option("--nodes", default=1000, show_default=True, type=click.IntRange(1, 100_000),
+              help="KWOK nodes, made from the shapes of real machines.")
+@click.option("--pods", default=5000, show_default=True, type=click.IntRange(1, 1_000_000))
+@click.option("--mode", default="backlog", show_default=True, type=click.Choice(["backlog", "stream"]),
+              help="backlog: pods created first, then each scheduler runs (its own throughput); stream: pods "
+                   "created at --rate while it runs (creation-to-binding latency).")
+@click.option("--rate", default=None, type=FiniteRange(1, 1_000_000),
+              help="Pods created a second in stream mode (default: as fast as the API server takes them).")
+@click.option("--numa-share", default=0.1, show_default=True, type=FiniteRange(0, 1),
+              help="Share of the pods that are dedicated and NUMA-bound (2 cpus, 2 GiB in one zone).")
+@click.option("--shards", default=1, show_default=True, type=click.IntRange(1, 64),
+              help="Tidal scheduler instances (--shards of tidal cluster scheduler).")
+@click.option("--only", "only", default=None, type=click.Choice(["kube-scheduler", "tidal"]),
+              help="Run one scheduler only.")
+@ROOT_DIR_OPTION
+@click.option("--json", "as_json", is_flag=True, help="JSON output (always JSON; progress on stderr).")
+def bench_scheduler(nodes: int, pods: int, mode: str, rate, numa_share: float, shards: int, only, shapes_dir,
+                    as_json: bool) -> None:
+    """kube-scheduler and Tidal's scheduler on one API server with N KWOK nodes: pods/s, latency, cpu."""
+    from agent.bench.fleet import shapes as fleet_shapes
+    from cluster.scheduler import bench
+    from kube.rest import ApiError
+
+    roots = _captured_trees(shapes_dir)
+    try:
+        result = bench.run(fleet_shapes(roots), nodes, pods, mode, rate, numa_share, shards,
+                           (only,) if only else ("kube-scheduler", "tidal"),
+                           progress=lambda line: click.echo(f"tidal bench scheduler: {line}", err=True))
+    except (RuntimeError, TimeoutError, ApiError) as exc:
+        raise TidalError(str(exc)) from None
+    emit_json(result)
 
 
 @bench.command("qrm")

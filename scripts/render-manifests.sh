@@ -28,6 +28,7 @@ done
 { note "templates/agent-daemonset.yaml"; strip "$rendered/templates/agent-daemonset.yaml" | sed '1{/^---$/d}'; } \
     > "$out/agent-daemonset.yaml"
 { note "templates/extender.yaml"; strip "$rendered/templates/extender.yaml" | sed '1{/^---$/d}'; } > "$out/extender.yaml"
+{ note "templates/scheduler.yaml"; strip "$rendered/templates/scheduler.yaml" | sed '1{/^---$/d}'; } > "$out/scheduler.yaml"
 { note "templates/monitoring.yaml"; strip "$rendered/templates/monitoring.yaml" | sed '1{/^---$/d}'; } \
     > "$out/monitoring/prometheus-rule.yaml"
 echo "rendered deploy/ from the chart into $out"

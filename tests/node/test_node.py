@@ -71,10 +71,10 @@ def node():
     try:
         real.start()
         # the chart, as a user installs it (deploy/helm/tidal; the plain manifests of deploy/ are its rendering):
-        # the node's part, the agent with its NRI plugin; the cluster side (extender, lending controller) is the
+        # the node's part, the agent with its NRI plugin; the cluster side (extender, lending controller, scheduler) is the
         # Kubernetes tier's, and no TLS secret exists here for the extender to mount
         helm(real, "install", "tidal", f"{REPO}/deploy/helm/tidal", "--namespace", "tidal-system", "--create-namespace",
-             "--set", "extender.enabled=false", "--set", "lending.enabled=false")
+             "--set", "extender.enabled=false", "--set", "lending.enabled=false", "--set", "scheduler.enabled=false")
         wait_for(lambda: agent_pod(real) and agent_pod(real)["status"].get("phase") == "Running"
                  and AgentClient(AGENT_SOCKET, timeout=5).request("GET", "/v1/health"), "the agent's DaemonSet pod",
                  timeout=120)

@@ -54,8 +54,9 @@ def test_the_manifests_of_deploy_are_what_the_chart_renders(helm, tmp_path):
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     rendered = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*.yaml"))
-    assert rendered == ["agent-daemonset.yaml", "crd-noderesourcetopology.yaml", "crd-tidalpolicy.yaml",
-                        "extender.yaml", "monitoring/prometheus-rule.yaml", "rbac.yaml"]
+    assert rendered == ["agent-daemonset.yaml", "crd-noderesourcetopology.yaml", "crd-podgroup.yaml",
+                        "crd-tidalpolicy.yaml", "extender.yaml", "monitoring/prometheus-rule.yaml", "rbac.yaml",
+                        "scheduler.yaml"]
     stale = [name for name in rendered if not filecmp.cmp(tmp_path / name, ROOT / "deploy" / name, shallow=False)]
     assert not stale, f"deploy/ is not what the chart renders: {stale}; run `make manifests`"
 
@@ -81,7 +82,7 @@ def test_values_reach_the_objects(helm):
         helm, "--set-string", "agent.config.reserved-cpus=0", "--set", "agent.config.memory-pressure-threshold=30",
         "--set", "agent.nodeSelector.tidal\\.io/pool=batch", "--set", "extender.enabled=false",
         "--set", "agent.nri.enabled=false", "--set", "monitoring.dashboard.enabled=true",
-        "--set", "image.tag=0.2.0-rc1").stdout) if d]
+        "--set", "scheduler.enabled=false", "--set", "image.tag=0.2.0-rc1").stdout) if d]
     kinds = sorted(d["kind"] for d in docs)
     assert "Service" not in kinds and kinds.count("Deployment") == 1  # the lending controller alone
     config = yaml.safe_load(next(d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] ==
@@ -96,6 +97,14 @@ def test_values_reach_the_objects(helm):
     dashboard = next(d for d in docs if d["metadata"]["name"] == "tidal-dashboard")
     assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
     assert json.loads(dashboard["data"]["tidal.json"])["uid"] == "tidal-node"
+    assert not [d for d in docs if "tidal-scheduler" in d["metadata"]["name"]]  # scheduler.enabled=false: none of it
+    scheduler = [d for d in yaml.safe_load_all(template(
+        helm, "--set", "scheduler.shards=2", "--set", "scheduler.name=batch-scheduler").stdout)
+        if d and d["kind"] == "Deployment" and d["metadata"]["name"] == "tidal-scheduler"][0]
+    command = scheduler["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert command[:3] == ["tidal", "cluster", "scheduler"] and scheduler["spec"]["replicas"] == 2
+    assert command[command.index("--shards") + 1] == "2" and command[command.index("--scheduler-name") + 1] == \
+        "batch-scheduler"
     # the config file the chart writes is one the agent takes (every key a flag, every value its type)
     from click.testing import CliRunner
 

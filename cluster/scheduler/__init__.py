@@ -1,0 +1,1 @@
+"""Tidal's cluster scheduler (see service.py)."""
