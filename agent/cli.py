@@ -983,8 +983,11 @@ def cluster_extender(kubeconfig, port: int, address: str, tls_cert, tls_key, tls
 @click.option("--shards", default=1, show_default=True, type=click.IntRange(1, 64),
               help="Scheduler instances, each trying its own share of the nodes first (conflicts resolved "
                    "when a placement is committed).")
-@click.option("--bind-workers", default=8, show_default=True, type=click.IntRange(1, 256),
-              help="Bindings in flight at once.")
+@click.option("--bind-workers", default=32, show_default=True, type=click.IntRange(1, 1024),
+              help="Bindings in flight at once (over all binding processes).")
+@click.option("--bind-processes", default=None, type=click.IntRange(0, 64),
+              help="Worker processes that make the bindings (0: threads of this process) [default: a quarter "
+                   "of the cpus, 0 on 2 or 3].")
 @click.option("--batch", default=256, show_default=True, type=click.IntRange(1, 100_000),
               help="Identical pods (same template, in queue order) placed in one pass.")
 @click.option("--fair", is_flag=True, help="Namespaces take turns among units of the same priority.")
@@ -998,7 +1001,8 @@ def cluster_extender(kubeconfig, port: int, address: str, tls_cert, tls_key, tls
 @click.option("--metrics-port", default=10259, show_default=True, type=click.IntRange(0, 65535),
               help="Serve /metrics here (0: not at all).")
 @click.option("--metrics-address", default="0.0.0.0", show_default=True)
-def cluster_scheduler(kubeconfig, scheduler_name: str, policy: str, shards: int, bind_workers: int, batch: int,
+def cluster_scheduler(kubeconfig, scheduler_name: str, policy: str, shards: int, bind_workers: int, bind_processes,
+                      batch: int,
                       fair: bool, no_preemption: bool, stale_after: float, leader_elect: bool, lease_namespace: str,
                       lease_name: str, metrics_port: int, metrics_address: str) -> None:
     """Schedule pods (alone or in gangs) on the nodes' reports: NUMA-true, preempting reclaimed work."""
@@ -1011,8 +1015,10 @@ def cluster_scheduler(kubeconfig, scheduler_name: str, policy: str, shards: int,
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     rest = Rest.from_config(kube_client(kubeconfig).configuration)
+    if bind_processes is None:
+        bind_processes = min(8, (os.cpu_count() or 1) // 4)
     scheduler = Scheduler(rest, scheduler_name, policy, shards, bind_workers, stale_after, batch, fair,
-                          not no_preemption)
+                          not no_preemption, bind_processes)
     if metrics_port:
         from prometheus_client import start_http_server
 

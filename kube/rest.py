@@ -23,6 +23,11 @@ from urllib.parse import urlsplit
 
 from kube import timeouts
 
+try:  # a watch of every pod decodes a few JSON objects per pod bound: the scheduler's largest cost in C
+    from orjson import loads as _loads
+except ImportError:  # pragma: no cover - a dependency; json does the same, slower
+    _loads = json.loads
+
 
 class ApiError(Exception):
     """An answer that is not 2xx: ``status`` and the server's message."""
@@ -37,15 +42,37 @@ class ApiError(Exception):
         self.message = message
 
 
-class Rest:
-    """``Rest.from_config(configuration)``; ``call(method, path, body)`` -> (status, bytes)."""
+SA_TOKEN = "/var/run/secrets/kubernetes.io/serviceaccount/token"
 
-    def __init__(self, host: str, port: int, tls: Optional[ssl.SSLContext], headers: Dict[str, str],
-                 timeout: float = timeouts.READ_SECONDS) -> None:
-        self.host, self.port, self.tls = host, port, tls
+
+class Rest:
+    """``Rest.from_config(configuration)``; ``call(method, path, body)`` -> (status, bytes).
+
+    ``spec()`` is what it connects with as plain data, for another process (``Rest.from_spec``). A
+    service-account token (in a pod) is read again from its file every minute: the kubelet rotates it."""
+
+    def __init__(self, host: str, port: int, tls: Optional[dict], headers: Dict[str, str],
+                 timeout: float = timeouts.READ_SECONDS, token_file: Optional[str] = None) -> None:
+        self.host, self.port = host, port
+        self.tls_spec = tls  # {"cafile", "verify", "certfile", "keyfile"} or None for plain HTTP
+        self.tls = _context(tls) if tls is not None else None
         self.headers = dict(headers)
         self.timeout = timeout
+        self.token_file = token_file
+        self._token_read = time.monotonic()
         self._local = threading.local()
+
+    def spec(self) -> dict:
+        return {"host": self.host, "port": self.port, "tls": self.tls_spec, "headers": dict(self.headers),
+                "timeout": self.timeout, "token_file": self.token_file}
+
+    @classmethod
+    def from_spec(cls, spec: dict) -> "Rest":
+        return cls(spec["host"], spec["port"], spec["tls"], spec["headers"], spec["timeout"], spec["token_file"])
+
+    def with_timeout(self, timeout: float) -> "Rest":
+        """The same server and credentials, with another read timeout (a long call: a large deletion)."""
+        return Rest(self.host, self.port, self.tls_spec, self.headers, timeout, self.token_file)
 
     @classmethod
     def from_config(cls, configuration) -> "Rest":
@@ -53,22 +80,33 @@ class Rest:
         url = urlsplit(configuration.host)
         tls = None
         if url.scheme == "https":
-            tls = ssl.create_default_context(cafile=configuration.ssl_ca_cert or None)
-            if not configuration.verify_ssl:
-                tls.check_hostname = False
-                tls.verify_mode = ssl.CERT_NONE
-            if configuration.cert_file:
-                tls.load_cert_chain(configuration.cert_file, configuration.key_file)
+            tls = {"cafile": configuration.ssl_ca_cert or None, "verify": bool(configuration.verify_ssl),
+                   "certfile": configuration.cert_file or None, "keyfile": configuration.key_file or None}
         headers = {"Accept": "application/json", "Content-Type": "application/json",
                    "User-Agent": "tidal-scheduler"}
         token = (configuration.api_key or {}).get("authorization") or (configuration.api_key or {}).get("BearerToken")
+        token_file = None
         if token:
-            prefix = (configuration.api_key_prefix or {}).get("authorization", "")
-            headers["Authorization"] = token if token.startswith("Bearer ") or not prefix else f"{prefix} {token}"
-            if not headers["Authorization"].startswith("Bearer "):
-                headers["Authorization"] = "Bearer " + headers["Authorization"]
+            bare = token.split(" ", 1)[1] if token.startswith("Bearer ") else token
+            headers["Authorization"] = "Bearer " + bare
+            try:
+                with open(SA_TOKEN) as handle:
+                    if handle.read().strip() == bare:
+                        token_file = SA_TOKEN  # the in-cluster token: follow its rotation
+            except OSError:
+                pass
         port = url.port or (443 if url.scheme == "https" else 80)
-        return cls(url.hostname or "127.0.0.1", port, tls, headers)
+        return cls(url.hostname or "127.0.0.1", port, tls, headers, token_file=token_file)
+
+    def _refresh_token(self) -> None:
+        if self.token_file is None or time.monotonic() - self._token_read < 60:
+            return
+        self._token_read = time.monotonic()
+        try:
+            with open(self.token_file) as handle:
+                self.headers = {**self.headers, "Authorization": "Bearer " + handle.read().strip()}
+        except OSError:
+            pass  # keep the one we have; the API server will say if it expired
 
     def _connection(self, timeout: Optional[float] = None) -> http.client.HTTPConnection:
         if self.tls is not None:
@@ -79,6 +117,7 @@ class Rest:
     def call(self, method: str, path: str, body: Optional[bytes] = None,
              content_type: Optional[str] = None) -> Tuple[int, bytes]:
         """One request on this thread's keep-alive connection (opened again once if the server closed it)."""
+        self._refresh_token()
         headers = self.headers if content_type is None else {**self.headers, "Content-Type": content_type}
         for attempt in (0, 1):
             conn = getattr(self._local, "conn", None)
@@ -106,7 +145,7 @@ class Rest:
         status, answer = self.call(method, path, data, content_type)
         if status not in ok:
             raise ApiError(status, method, path, answer)
-        return json.loads(answer) if answer else None
+        return _loads(answer) if answer else None
 
     def watch(self, path: str, resource_version: str, timeout_seconds: int = 60) -> Iterator[Dict[str, Any]]:
         """The events of a watch from ``resource_version`` (each ``{"type", "object"}``), on a
@@ -114,6 +153,7 @@ class Rest:
         sep = "&" if "?" in path else "?"
         query = (f"{path}{sep}watch=1&allowWatchBookmarks=true&resourceVersion={resource_version}"
                  f"&timeoutSeconds={int(timeout_seconds)}")
+        self._refresh_token()
         conn = self._connection(timeout=timeouts.watch(timeout_seconds)[1])
         try:
             conn.request("GET", query, headers=self.headers)
@@ -125,9 +165,19 @@ class Rest:
                 if not line:
                     return
                 if line.strip():
-                    yield json.loads(line)
+                    yield _loads(line)
         finally:
             conn.close()
+
+
+def _context(tls: dict) -> ssl.SSLContext:
+    context = ssl.create_default_context(cafile=tls.get("cafile"))
+    if not tls.get("verify", True):
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+    if tls.get("certfile"):
+        context.load_cert_chain(tls["certfile"], tls.get("keyfile"))
+    return context
 
 
 def list_watch_raw(rest: Rest, path: str, on_list, on_event, stop: threading.Event, what: str,

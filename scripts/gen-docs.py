@@ -195,7 +195,7 @@ def chart_schema() -> str:
                               "name": {"type": "string", "minLength": 1},
                               "policy": {"type": "string", "enum": ["pack", "spread"]},
                               "shards": {"type": "integer", "minimum": 1, "maximum": 64},
-                              "bindWorkers": {"type": "integer", "minimum": 1, "maximum": 256},
+                              "bindWorkers": {"type": "integer", "minimum": 1, "maximum": 1024},
                               "metricsPort": {"type": "integer", "minimum": 1, "maximum": 65535},
                               "resources": resources}),
             "lending": obj({"enabled": {"type": "boolean"}, "threshold": lending["threshold"],

@@ -60,11 +60,21 @@ def pod_body(name: str, scheduler: str, numa: bool) -> Dict:
 
 
 def _cpu(pid: int) -> float:
+    """Cpu seconds of the process and its children (a scheduler's binding processes), alive or reaped."""
+    import psutil
+
     try:
-        with open(f"/proc/{pid}/stat") as handle:
-            fields = handle.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except OSError:
+        proc = psutil.Process(pid)
+        times = proc.cpu_times()
+        total = times.user + times.system + times.children_user + times.children_system
+        for child in proc.children(recursive=True):
+            try:
+                t = child.cpu_times()
+                total += t.user + t.system
+            except psutil.Error:
+                continue
+        return total
+    except psutil.Error:
         return 0.0
 
 
@@ -120,12 +130,17 @@ def create_pods(rest: Rest, names: Sequence[str], scheduler: str, numa: Sequence
 
 
 def delete_pods(rest: Rest, timeout: float = 600.0) -> None:
-    rest.json("DELETE", f"/api/v1/namespaces/{NAMESPACE}/pods?gracePeriodSeconds=0", ok=(200,))
+    """Every pod of the benchmark's namespace, gone (a large collection may take the API server more than
+    its own request timeout: the call is made again until nothing is left)."""
+    slow = rest.with_timeout(120.0)
     deadline = time.monotonic() + timeout
     while rest.json("GET", f"/api/v1/namespaces/{NAMESPACE}/pods?limit=1")["items"]:
         if time.monotonic() > deadline:
             raise TimeoutError("the benchmark's pods were not deleted")
-        time.sleep(0.5)
+        try:
+            slow.call("DELETE", f"/api/v1/namespaces/{NAMESPACE}/pods?gracePeriodSeconds=0")
+        except OSError:
+            pass  # timed out on this side: the server goes on deleting; look again
 
 
 def numa_infeasible(nodes: Dict[str, str], numa: Dict[str, bool], reports: Dict[str, List[tuple]],
@@ -280,7 +295,7 @@ def run(shapes: Sequence[Dict], nodes: int, pods: int, mode: str = "backlog", ra
     binaries, kwok = testbin(), kwok_binary()
     if binaries is None or kwok is None:
         raise RuntimeError("tidal bench scheduler needs the control plane and KWOK: make k8s-testbin kwok")
-    plane = ControlPlane(binaries).start()
+    plane = ControlPlane(binaries, json_storage=False).start()
     try:
         fleet = Fleet(plane, kwok)
         fleet.install_crds()

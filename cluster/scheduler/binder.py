@@ -17,17 +17,25 @@ broadcaster drops in the same way); bindings are never dropped.
 
 Evictions (preemption's victims) go through the Eviction API
 (``policy/v1``), so PodDisruptionBudgets hold: a 429 is a refused victim.
+
+With ``processes``, bindings and their ``Scheduled`` events are made by
+worker processes (each with its threads and connections): an HTTP exchange
+costs a Python interpreter about as much cpu as placing the pod did, and one
+interpreter runs on one core at a time (its lock), so on a machine with cores
+to spare the binder is Gödel's: a component of its own. The scheduler sends
+each a batch of (pod, node) at a time and reads back what became of each.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import multiprocessing
 import os
 import queue
 import threading
 import time
-from typing import Callable, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 from kube.rest import ApiError, Rest, rfc3339_micro
 from cluster.scheduler.pods import PodInfo
@@ -37,10 +45,10 @@ NOTICE_QUEUE = 20000
 
 
 class Binder:
-    def __init__(self, rest: Rest, name: str, workers: int = 8,
+    def __init__(self, rest: Rest, name: str, workers: int = 32,
                  on_bound: Callable[[PodInfo, str, float], None] = lambda *a: None,
                  on_failed: Callable[[PodInfo, str, int, str], None] = lambda *a: None,
-                 metrics=None) -> None:
+                 metrics=None, processes: int = 0) -> None:
         self.rest = rest
         self.name = name  # reportingController of events; the pods' schedulerName
         self.instance = f"{name}-{os.uname().nodename}-{os.getpid()}"
@@ -50,24 +58,60 @@ class Binder:
         self.notices: "queue.Queue[Optional[Tuple[str, str, bytes]]]" = queue.Queue(NOTICE_QUEUE)
         self.dropped = 0
         self.stop = threading.Event()
-        self.threads = [threading.Thread(target=self._work, name=f"bind-{i}", daemon=True) for i in range(workers)]
+        self.processes: List[multiprocessing.Process] = []
+        self._waiting: Dict[str, PodInfo] = {}  # uid -> pod, while a worker process binds it
+        self._next = 0
+        if processes:
+            context = multiprocessing.get_context("spawn")  # no fork of a process that runs threads
+            self._results = context.Queue()
+            self._inboxes = []
+            per = max(1, workers // processes)
+            for i in range(processes):
+                inbox = context.Queue()
+                proc = context.Process(target=_bind_process, name=f"tidal-binder-{i}", daemon=True,
+                                       args=(rest.spec(), name, self.instance, per, inbox, self._results))
+                proc.start()
+                self.processes.append(proc)
+                self._inboxes.append(inbox)
+            self.threads = [threading.Thread(target=self._collect, name="bind-results", daemon=True)]
+        else:
+            self.threads = [threading.Thread(target=self._work, name=f"bind-{i}", daemon=True) for i in range(workers)]
         self.threads += [threading.Thread(target=self._notify, name=f"notify-{i}", daemon=True)
-                         for i in range(max(1, workers // 2))]
+                         for i in range(2 if processes else max(1, min(8, workers // 2)))]
         for thread in self.threads:
             thread.start()
 
     def submit(self, placements: List[Tuple[PodInfo, str]]) -> None:
         """Bind each (pod, node name), on whichever workers are free (a gang's pods at once)."""
-        for item in placements:
-            self.jobs.put(item)
+        if not placements:
+            return
+        if not self.processes:
+            for item in placements:
+                self.jobs.put(item)
+            return
+        batch = []
+        for pod, node in placements:
+            self._waiting[pod.uid] = pod
+            batch.append((pod.namespace, pod.name, pod.uid, node))
+        # the batch to the worker processes in turn, split so a large one keeps every process busy
+        share = max(1, -(-len(batch) // len(self._inboxes)))
+        for start in range(0, len(batch), share):
+            self._inboxes[self._next % len(self._inboxes)].put(batch[start:start + share])
+            self._next += 1
 
     def busy(self) -> int:
-        return self.jobs.qsize()
+        return self.jobs.qsize() + len(self._waiting)
 
     def close(self) -> None:
         self.stop.set()
         for _ in self.threads:
             self.jobs.put(None)
+        for inbox in getattr(self, "_inboxes", []):
+            inbox.put(None)
+        for proc in self.processes:
+            proc.join(timeout=5)
+            if proc.is_alive():
+                proc.terminate()
 
     # ---- bindings ------------------------------------------------------------------------------------------
     def _work(self) -> None:
@@ -78,21 +122,30 @@ class Binder:
             self._bind(*job)
 
     def _bind(self, pod: PodInfo, node: str) -> None:
-        body = json.dumps({"apiVersion": "v1", "kind": "Binding",
-                           "metadata": {"name": pod.name, "uid": pod.uid},
-                           "target": {"apiVersion": "v1", "kind": "Node", "name": node}}).encode()
-        path = f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}/binding"
-        try:
-            status, answer = self.rest.call("POST", path, body)
-        except Exception as exc:  # noqa: BLE001 - the API server away: the pod waits its turn again
-            self.on_failed(pod, node, 0, str(exc))
-            return
+        status, message = bind(self.rest, pod.namespace, pod.name, pod.uid, node)
         if status in (200, 201):
             self.on_bound(pod, node, time.time())
             self.event(pod, "Normal", "Scheduled", "Binding", f"Successfully assigned {pod.key} to {node}")
-            return
-        message = ApiError(status, "POST", path, answer).message
-        self.on_failed(pod, node, status, message)
+        else:
+            self.on_failed(pod, node, status, message)
+
+    def _collect(self) -> None:
+        """What the worker processes say of each binding, to the scheduler."""
+        while not self.stop.is_set():
+            try:
+                results = self._results.get(timeout=0.5)
+            except queue.Empty:
+                continue
+            except (EOFError, OSError):
+                return
+            for uid, node, status, message, when in results:
+                pod = self._waiting.pop(uid, None)
+                if pod is None:
+                    continue
+                if status in (200, 201):
+                    self.on_bound(pod, node, when)
+                else:
+                    self.on_failed(pod, node, status, message)
 
     # ---- evictions ------------------------------------------------------------------------------------------
     def evict(self, pod: PodInfo) -> Tuple[bool, str]:
@@ -167,5 +220,75 @@ class Binder:
     def drain(self, timeout: float = 10.0) -> None:
         """Wait until the queues are empty (tests and the benchmark's end)."""
         deadline = time.monotonic() + timeout
-        while (self.jobs.qsize() or self.notices.qsize()) and time.monotonic() < deadline:
+        while (self.jobs.qsize() or self.notices.qsize() or self._waiting) and time.monotonic() < deadline:
             time.sleep(0.05)
+
+
+def bind(rest: Rest, namespace: str, name: str, uid: str, node: str) -> Tuple[int, str]:
+    """POST the pod's Binding: (status, the server's message); status 0 when the server was not reached."""
+    body = json.dumps({"apiVersion": "v1", "kind": "Binding", "metadata": {"name": name, "uid": uid},
+                       "target": {"apiVersion": "v1", "kind": "Node", "name": node}}).encode()
+    path = f"/api/v1/namespaces/{namespace}/pods/{name}/binding"
+    try:
+        status, answer = rest.call("POST", path, body)
+    except Exception as exc:  # noqa: BLE001 - the API server away: the pod waits its turn again
+        return 0, str(exc)
+    return status, "" if status in (200, 201) else ApiError(status, "POST", path, answer).message
+
+
+def scheduled_event(name: str, instance: str, namespace: str, pod: str, uid: str, node: str) -> bytes:
+    now = time.time()
+    return json.dumps({
+        "apiVersion": "events.k8s.io/v1", "kind": "Event",
+        "metadata": {"name": f"{pod}.{int(now * 1e9):x}", "namespace": namespace},
+        "eventTime": rfc3339_micro(now), "reportingController": name, "reportingInstance": instance[:128],
+        "action": "Binding", "reason": "Scheduled", "type": "Normal",
+        "note": f"Successfully assigned {namespace}/{pod} to {node}",
+        "regarding": {"apiVersion": "v1", "kind": "Pod", "namespace": namespace, "name": pod, "uid": uid}}).encode()
+
+
+def _bind_process(spec: dict, name: str, instance: str, threads: int, inbox, results) -> None:
+    """A worker process: bind what arrives in ``inbox`` on ``threads`` threads, write each pod's Scheduled
+    event, and say in ``results`` what became of each: (uid, node, status, message, when)."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the scheduler stops it, not the terminal's ^C
+    rest = Rest.from_spec(spec)
+    work: "queue.Queue" = queue.Queue()
+    done: "queue.Queue" = queue.Queue()
+
+    def worker() -> None:
+        while True:
+            job = work.get()
+            if job is None:
+                return
+            namespace, pod, uid, node = job
+            status, message = bind(rest, namespace, pod, uid, node)
+            done.put((uid, node, status, message, time.time()))
+            if status in (200, 201):
+                try:
+                    rest.call("POST", f"/apis/events.k8s.io/v1/namespaces/{namespace}/events",
+                              scheduled_event(name, instance, namespace, pod, uid, node))
+                except Exception:  # noqa: BLE001 - an event lost is not a reason to stop
+                    pass
+
+    def report() -> None:  # results in batches: one pickle for many pods
+        while True:
+            batch = [done.get()]
+            while True:
+                try:
+                    batch.append(done.get_nowait())
+                except queue.Empty:
+                    break
+            results.put(batch)
+
+    pool = [threading.Thread(target=worker, daemon=True) for _ in range(threads)]
+    pool.append(threading.Thread(target=report, daemon=True))
+    for thread in pool:
+        thread.start()
+    while True:
+        batch = inbox.get()
+        if batch is None:
+            return
+        for job in batch:
+            work.put(job)

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import calendar
 import json
-import time
 from typing import Any, Dict, List, Optional, Tuple
 
 from contracts.pods import pod_request, quantity
@@ -38,10 +37,13 @@ Rank = Tuple[int, int, int]
 
 
 def parse_time(text: Optional[str]) -> float:
-    if not text:
+    """An RFC 3339 time the API server wrote (``2026-11-26T10:00:00Z``) as epoch seconds; 0 if unreadable.
+    By hand: ``time.strptime`` was a tenth of the scheduler's cpu at a thousand pods a second."""
+    if not text or len(text) < 19:
         return 0.0
     try:
-        return float(calendar.timegm(time.strptime(text[:19], "%Y-%m-%dT%H:%M:%S")))
+        return float(calendar.timegm((int(text[0:4]), int(text[5:7]), int(text[8:10]), int(text[11:13]),
+                                      int(text[14:16]), int(text[17:19]), 0, 0, 0)))
     except ValueError:
         return 0.0
 

@@ -47,8 +47,8 @@ NOMINATION_SECONDS = 30.0
 
 class Scheduler:
     def __init__(self, rest: Rest, name: str = "tidal-scheduler", policy: str = "pack", shards: int = 1,
-                 bind_workers: int = 8, stale_after: float = 120.0, batch: int = 256, fair: bool = False,
-                 preemption: bool = True) -> None:
+                 bind_workers: int = 32, stale_after: float = 120.0, batch: int = 256, fair: bool = False,
+                 preemption: bool = True, bind_processes: int = 0) -> None:
         if shards < 1:
             raise ValueError("shards must be at least 1")
         self.rest = rest
@@ -58,7 +58,7 @@ class Scheduler:
         self.dispatcher = Dispatcher(batch=batch, fair=fair)
         self.placers = [Placer(self.table, policy, stale_after, (i, shards) if shards > 1 else None)
                         for i in range(shards)]
-        self.binder = Binder(rest, name, bind_workers, self._bound, self._bind_failed, self.metrics)
+        self.binder = Binder(rest, name, bind_workers, self._bound, self._bind_failed, self.metrics, bind_processes)
         self.preemption = preemption
         self.lock = threading.RLock()  # pods, where, vectors, inflight
         self.pods: Dict[str, PodInfo] = {}  # every live pod known, by uid
@@ -241,10 +241,30 @@ class Scheduler:
         self.synced["pods"].set()
 
     def _pod_event(self, kind: str, obj: dict) -> None:
-        uid = (obj.get("metadata") or {}).get("uid")
+        meta = obj.get("metadata") or {}
+        uid = meta.get("uid")
         if not uid:
             return
         with self.lock:
+            old = self.pods.get(uid)
+            if kind == "MODIFIED" and old is not None and old.node and not meta.get("deletionTimestamp") \
+                    and (obj.get("spec") or {}).get("nodeName") == old.node \
+                    and (meta.get("labels") or {}) == old.labels \
+                    and (obj.get("status") or {}).get("phase") not in ("Succeeded", "Failed"):
+                # a bound pod's status changing (its kubelet, KWOK): nothing the scheduler counts changed,
+                # and most of a busy cluster's pod events are these
+                return
+            node = (obj.get("spec") or {}).get("nodeName")
+            if kind == "MODIFIED" and old is not None and not old.node and node and uid in self.where \
+                    and self.table.row(node) == self.where[uid] and not meta.get("deletionTimestamp") \
+                    and (meta.get("labels") or {}) == old.labels:
+                # the binding of a pod placed here, coming back: it is counted where it went already
+                old.node = node
+                self.told.pop(uid, None)
+                self.dispatcher.remove(uid)
+                self.dispatcher.bound(old)
+                self._drop_nomination(uid)
+                return
             if kind == "DELETED":
                 self._forget(uid)
                 self.dispatcher.changed(self.table.version)
@@ -254,7 +274,6 @@ class Scheduler:
                 self._forget(uid)
                 self.dispatcher.changed(self.table.version)
                 return
-            old = self.pods.get(uid)
             self.pods[uid] = pod
             if pod.node:
                 self.told.pop(uid, None)

@@ -45,11 +45,11 @@ def shapes(hwloc_trees):
 
 
 def start_scheduler(plane, name="tidal-scheduler", lease="tidal-scheduler", log="scheduler", kubeconfig=None,
-                    lease_namespace="kube-system"):
+                    lease_namespace="kube-system", extra=()):
     port = free_port()
     argv = [sys.executable, "-m", "agent.cli", "cluster", "scheduler", f"--kubeconfig={kubeconfig or plane.kubeconfig()}",
             f"--scheduler-name={name}", f"--lease-name={lease}", f"--lease-namespace={lease_namespace}",
-            f"--metrics-port={port}", "--metrics-address=127.0.0.1"]
+            f"--metrics-port={port}", "--metrics-address=127.0.0.1", *extra]
     handle = open(os.path.join(plane.dir, f"{log}.log"), "ab")
     proc = subprocess.Popen(argv, stdout=handle, stderr=subprocess.STDOUT, cwd=REPO)
     handle.close()
@@ -74,7 +74,10 @@ def scheduler(plane, fleet):
     kubeconfig = os.path.join(plane.dir, "scheduler.kubeconfig")
     with open(plane.kubeconfig()) as source, open(kubeconfig, "w") as target:
         target.write(source.read().replace(TOKEN, done.stdout.strip()))
-    proc, port = start_scheduler(plane, kubeconfig=kubeconfig, lease_namespace="tidal-system")
+    # binding worker processes, as the default gives a machine of 8 cpus or more (this one has 2: the
+    # failover test below runs the default here, bindings on threads)
+    proc, port = start_scheduler(plane, kubeconfig=kubeconfig, lease_namespace="tidal-system",
+                                 extra=("--bind-processes=2",))
     yield proc, port
     proc.terminate()
     proc.wait(timeout=30)
