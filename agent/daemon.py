@@ -89,7 +89,7 @@ class AgentConfig:
     empty_grace: float = 30.0  # a new workload's cgroup may stay empty this long before release
     resize: bool = True  # resize the reclaim pool from usage
     revert_on_exit: bool = False
-    record_cgroups: bool = False  # keep cgroup writes in memory (dry runs, end-to-end tests off the host)
+    cgroups_in_memory: bool = False  # keep cgroup writes in memory (dry runs, end-to-end tests off the host)
     confine_self: bool = False  # move the agent itself into <base>/system (the reserved pool)
     kubelet_cpu_manager: Optional[str] = None  # on a Kubernetes node: the kubelet's CPU manager policy
     eviction_grace: float = 10.0  # over-committed reclaimed work is throttled this long before eviction
@@ -251,10 +251,13 @@ class Agent:
             raise CgroupError(str(exc)) from None
         if owner.topology is None:
             owner.topology = discover(HostFS(cfg.root))
-        if self.driver is None and cfg.record_cgroups:
-            from agent.isolation.cgroups.driver import RecordingCgroups
+        if self.driver is None and cfg.cgroups_in_memory:
+            from agent.isolation.cgroups.recording import RecordingCgroups
 
             self.driver = RecordingCgroups(version=1)
+            self.echo("tidal agent: cgroups in memory (--cgroups-in-memory): nothing is written to the kernel, so "
+                      "the fast guard, self-confinement, the helpers' cgroup, the lifting of io limits and the "
+                      "node's available memory are off")
         if self.driver is None:
             mounts = detect(HostFS(cfg.root))
             self.driver = KernelCgroups(mounts, HostFS(cfg.root), parent=cfg.cgroup_parent)
@@ -296,12 +299,12 @@ class Agent:
         self.tune(resolve(cfg, cfg.local_settings, {}))  # this node's own settings until a cluster policy comes
         report = self.reconcile()
         owner.store.save(owner.state, owner.topology)
-        if not cfg.record_cgroups:
+        if not cfg.cgroups_in_memory:
             # Tidal starts unthrottled: the first reconcile lifted what an earlier agent left
             lifted = report.io_lifted
             if lifted:
                 self.echo(f"tidal agent: lifted {len(lifted)} io limits an earlier agent left ({', '.join(lifted)})")
-        if not cfg.record_cgroups:  # helpers (push commands, hooks) run in <base>/helpers from now on
+        if not cfg.cgroups_in_memory:  # helpers (push commands, hooks) run in <base>/helpers from now on
             self.helper_join.join = lambda pid: self.enforcement.membership.attach(f"{cfg.cgroup_base}/{HELPERS}", pid)
         if cfg.net is not None:
             self._start_net()
@@ -310,7 +313,7 @@ class Agent:
             # a DaemonSet pod: leaving the pod's cgroups would take the agent out of its limits and out of
             # the kubelet's accounting; the pod is placed like any other (deploy/ annotates it system_cores)
             self.echo(f"tidal agent: in the kubelet's pod cgroup {in_pod}: staying there (its pod sets its cpus)")
-        elif cfg.confine_self and not cfg.record_cgroups and owner.pools().reserved:
+        elif cfg.confine_self and not cfg.cgroups_in_memory and owner.pools().reserved:
             try:
                 self.enforcement.membership.attach(f"{cfg.cgroup_base}/system", os.getpid())
             except CgroupError as exc:
@@ -700,7 +703,7 @@ class Agent:
             except Exception as exc:  # noqa: BLE001
                 self.echo(f"tidal agent: warning: removing network shaping: {exc}")
             self.net = None
-        if self.enforcement is not None and not self.config.record_cgroups:
+        if self.enforcement is not None and not self.config.cgroups_in_memory:
             if self.harvest.io_guard.lift_all() and not self.config.revert_on_exit:
                 self.enforcement.reconcile()  # Tidal starts unthrottled: its io limits go with it
         if self.config.revert_on_exit and self.enforcement is not None:

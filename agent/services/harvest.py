@@ -254,7 +254,7 @@ class Harvest:
     def read_available(self) -> Optional[int]:
         """The node's available memory (MemAvailable) now, kept for the status; ``None`` off a live host
         (a fixture's root or recorded cgroups: the machine's memory is not the node's)."""
-        if self.config.root != "/" or self.config.record_cgroups:
+        if self.config.root != "/" or self.config.cgroups_in_memory:
             return None
         view = self.memory_view()
         self.available_bytes = None if view is None else view[1]
@@ -559,7 +559,7 @@ class Harvest:
     # ---- the fast guard: online gets its cores back between periods --------------------------
 
     def start_guard(self, stop: threading.Event) -> None:
-        if self.config.guard_interval <= 0 or self.config.record_cgroups or not self.config.resize:
+        if self.config.guard_interval <= 0 or self.config.cgroups_in_memory or not self.config.resize:
             return
         self._guard_stop = stop
         threading.Thread(target=self._guard_loop, args=(stop,), name="tidal-guard", daemon=True).start()

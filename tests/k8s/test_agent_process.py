@@ -16,7 +16,7 @@ Two nodes, one agent process each:
 Arguments beyond the manifest's (and its ConfigMap, the agent's config file), each for a reason that
 is not behaviour: ``--state-dir``/``--socket`` point at a temporary directory instead of the
 host paths the manifest mounts; ``--kubeconfig`` because outside a pod there
-is no service account; ``--root``/``--record-cgroups`` for the hwloc node
+is no service account; ``--root``/``--cgroups-in-memory`` for the hwloc node
 (its topology is a snapshot, and no kubelet made its pods' cgroups);
 ``--cgroup-base tidal-test-<id>`` on the host so the test's tree has a unique
 name that cleanup (and ``make clean-test-leftovers``) can find.
@@ -154,7 +154,7 @@ def test_the_daemonset_agent_keeps_its_pods_and_frees_them_on_deletion(plane, ap
     register_node(core, hw_node, hwloc_topologies[HWLOC_MACHINE])
     argv = daemonset_command(hw_node, str(tmp_path / "hw-state"), str(tmp_path / "hw.sock"))
     agents["hwloc"] = AgentProcess("hwloc", argv + ["--kubeconfig", kubeconfig, "--root", hwloc_trees[HWLOC_MACHINE],
-                                                    "--record-cgroups"], str(tmp_path))
+                                                    "--cgroups-in-memory"], str(tmp_path))
     real = is_root() and os.path.isdir(CPUSET) and not os.path.exists(f"{CPUSET}/kubepods")
     host_node, base, sleeper, made_kubepods = f"proc-host-{tag}", f"tidal-test-{tag}", None, False
     try:

@@ -30,7 +30,7 @@ def test_a_missing_crd_is_a_clear_error_at_start(plane, api, hwloc_topologies, t
     from cluster.extender import NrtWatcher, TopologyCache
     from cluster.placement.model import PlacementError
 
-    agent = Agent(AgentConfig(state_dir=str(tmp_path_factory.mktemp("nocrd")), record_cgroups=True,
+    agent = Agent(AgentConfig(state_dir=str(tmp_path_factory.mktemp("nocrd")), cgroups_in_memory=True,
                               reserved_cpus=()), echo=lambda line: None,
                   topology=hwloc_topologies["16amd64-8n2c"])
     agent.start()
@@ -69,7 +69,7 @@ def cluster(plane, api, hwloc_topologies, tmp_path_factory):
         # resize off so the reclaimed figures do not follow this test host's own load; a full drift
         # check every pass. The shipped settings (every default) are run by test_agent_process.py, which
         # starts `tidal agent --kube-node` as the DaemonSet does and keeps its pods for 90 s.
-        agent = Agent(AgentConfig(state_dir=str(tmp_path_factory.mktemp(name)), record_cgroups=True,
+        agent = Agent(AgentConfig(state_dir=str(tmp_path_factory.mktemp(name)), cgroups_in_memory=True,
                                   reserved_cpus=(), period=0.2, resize=False, guard_interval=0,
                                   drift_check_period=0), echo=lambda line: None, topology=topo)
         agent.start()

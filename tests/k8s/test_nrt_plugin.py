@@ -63,8 +63,8 @@ def nodes(plane, api, hwloc_trees, hwloc_topologies, tmp_path_factory):
                 "type": "Ready", "status": "True", "reason": "KubeletReady", "message": "registered by the test",
                 "lastHeartbeatTime": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}]}})
             argv = daemonset_command(name, str(workdir / f"{name}-state"), str(workdir / f"{name}.sock"))
-            # --root/--record-cgroups: the node is an hwloc snapshot and no kubelet makes its pods' cgroups
-            extra = ["--kubeconfig", plane.kubeconfig(), "--root", hwloc_trees[fixture], "--record-cgroups",
+            # --root/--cgroups-in-memory: the node is an hwloc snapshot and no kubelet makes its pods' cgroups
+            extra = ["--kubeconfig", plane.kubeconfig(), "--root", hwloc_trees[fixture], "--cgroups-in-memory",
                      "--topology-policy", "single-numa-node"]
             agents[name] = AgentProcess(name, argv + extra, str(workdir))
         for name in NODES:

@@ -72,7 +72,7 @@ def test_a_local_user_reads_but_cannot_drive_the_agent(tmp_path, stranger):
     (tmp_path / "token").write_text(token + "\n")
     os.chmod(tmp_path / "token", 0o600)
     agent = subprocess.Popen([sys.executable, "-m", "agent.cli", "agent", "--root", str(tmp_path / "root"),
-                              "--record-cgroups", "--socket", sock, "--state-dir", str(tmp_path / "state"),
+                              "--cgroups-in-memory", "--socket", sock, "--state-dir", str(tmp_path / "state"),
                               "--tcp-port", str(port), "--tcp-token-file", str(tmp_path / "token"),
                               "--socket-group", stranger.pw_name],
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -133,7 +133,7 @@ def test_a_local_user_reads_but_cannot_drive_the_agent(tmp_path, stranger):
 def test_a_token_file_others_can_read_is_refused_with_one_line(tmp_path):
     (tmp_path / "token").write_text("x" * 32)
     os.chmod(tmp_path / "token", 0o644)
-    done = subprocess.run([sys.executable, "-m", "agent.cli", "agent", "--record-cgroups", "--socket",
+    done = subprocess.run([sys.executable, "-m", "agent.cli", "agent", "--cgroups-in-memory", "--socket",
                            str(tmp_path / "t.sock"), "--state-dir", str(tmp_path / "s"), "--tcp-port",
                            str(_free_port()), "--tcp-token-file", str(tmp_path / "token")],
                           capture_output=True, text=True, timeout=60)

@@ -123,7 +123,7 @@ def agent(tmp_path, users):
     where = {"sock": os.path.join(sockdir, "t.sock"), "plugin": os.path.join(sockdir, "plugin", "p.sock"),
              "tcp": str(_free_port()), "token": token}
     proc = subprocess.Popen([sys.executable, "-m", "agent.cli", "agent", "--root", str(tmp_path / "root"),
-                             "--record-cgroups", "--socket", where["sock"], "--state-dir", str(tmp_path / "state"),
+                             "--cgroups-in-memory", "--socket", where["sock"], "--state-dir", str(tmp_path / "state"),
                              "--tcp-port", where["tcp"], "--tcp-token-file", str(tmp_path / "token"),
                              "--socket-group", users["group"], "--plugin-socket", where["plugin"],
                              "--plugin-uid", str(users["honest"].pw_uid), "--max-workloads-per-user", "5"],

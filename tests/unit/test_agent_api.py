@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from agent.cli import main
 from agent.client import AgentClient
 from agent.daemon import Agent, AgentConfig
-from agent.isolation.cgroups.driver import RecordingCgroups
+from agent.isolation.cgroups.recording import RecordingCgroups
 from agent.topology.synthetic import Shape, build_topology
 
 TOPO = build_topology(Shape(sockets=1, numa_per_socket=2, cores_per_numa=4, threads_per_core=2))

@@ -110,11 +110,11 @@ def test_an_agent_started_from_a_file_runs_with_its_values(tmp_path):
     sock = tmp_path / "from-file.sock"
     config = tmp_path / "agent.yaml"
     config.write_text(f"root: {tmp_path / 'root'}\nsocket: {sock}\nstate-dir: {tmp_path / 'state'}\n"
-                      f"record-cgroups: true\nreserved-cpus: '1'\n")
+                      f"cgroups-in-memory: true\nreserved-cpus: '1'\n")
     proc = subprocess.Popen([sys.executable, "-m", "agent.cli", "agent", "--config", str(config)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        proc.stdout.readline()
+        proc.stdout.readline(), proc.stdout.readline()  # cgroups in memory; the node
         assert f"serving {sock}" in proc.stdout.readline()
         status = AgentClient(str(sock)).request("GET", "/v1/status")
         assert status["pools"]["reserved"] == "1", status["pools"]

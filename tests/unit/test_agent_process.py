@@ -12,10 +12,12 @@ def test_agent_starts_serves_and_stops_cleanly(tmp_path):
     write_tree(str(tmp_path / "root"), Shape(sockets=1, numa_per_socket=1, cores_per_numa=2))
     sock = tmp_path / "t.sock"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "agent.cli", "agent", "--root", str(tmp_path / "root"), "--record-cgroups",
+        [sys.executable, "-m", "agent.cli", "agent", "--root", str(tmp_path / "root"), "--cgroups-in-memory",
          "--socket", str(sock), "--state-dir", str(tmp_path / "state")],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
+        notice = proc.stdout.readline()  # the test-only switch says what it turns off
+        assert "cgroups in memory (--cgroups-in-memory)" in notice and "the fast guard" in notice, notice
         first = proc.stdout.readline()
         second = proc.stdout.readline()
         assert "1 sockets, 1 NUMA nodes, 2 cores, 4 cpus" in first, first + second

@@ -100,7 +100,7 @@ def test_reclaimed_work_a_dedicated_request_leaves_with_no_cpu_is_evicted_not_pu
 
 def test_the_agent_evicts_what_the_plan_evicts(hwloc_topologies, tmp_path):
     from agent.daemon import Agent, AgentConfig
-    from agent.isolation.cgroups.driver import RecordingCgroups
+    from agent.isolation.cgroups.recording import RecordingCgroups
 
     topo = hwloc_topologies["8em64t-2s2ca2c"]
     agent = Agent(AgentConfig(state_dir=str(tmp_path / "s"), socket_path=str(tmp_path / "a.sock"), reserved_cpus=(0,),

@@ -151,7 +151,7 @@ def test_ten_thousand_hostile_requests(tmp_path):
     log = open(tmp_path / "agent.log", "w")
     # as shipped, plus a synthetic tree and recorded cgroups: random writes must not touch the host
     agent = subprocess.Popen([sys.executable, "-m", "agent.cli", "agent", "--root", str(tmp_path / "root"),
-                              "--record-cgroups", "--socket", sock, "--state-dir", str(state_dir)],
+                              "--cgroups-in-memory", "--socket", sock, "--state-dir", str(state_dir)],
                              stdout=log, stderr=subprocess.STDOUT)
     rng = random.Random(SEED)
     counts = {"5xx": 0, "hangs": 0, "changed_by_rejected": 0, "no_answer": 0}

@@ -65,7 +65,7 @@ def test_two_thousand_idle_connections_do_not_stop_the_agent(tmp_path):
     log = open(tmp_path / "agent.log", "w")
     # as shipped, plus a synthetic tree and recorded cgroups: this tier must not touch the host's kernel
     agent = subprocess.Popen([sys.executable, "-m", "agent.cli", "agent", "--root", str(tmp_path / "root"),
-                              "--record-cgroups", "--socket", sock, "--state-dir", str(tmp_path / "state"),
+                              "--cgroups-in-memory", "--socket", sock, "--state-dir", str(tmp_path / "state"),
                               "--tcp-port", str(port)], stdout=log, stderr=subprocess.STDOUT)
     flood = []
     try:
@@ -112,7 +112,7 @@ def test_a_client_that_sends_half_a_request_is_dropped_and_others_are_served(tmp
     write_tree(str(tmp_path / "root"), Shape(sockets=1, numa_per_socket=1, cores_per_numa=2))
     sock = str(tmp_path / "t.sock")
     agent = subprocess.Popen([sys.executable, "-m", "agent.cli", "agent", "--root", str(tmp_path / "root"),
-                              "--record-cgroups", "--socket", sock, "--state-dir", str(tmp_path / "state")],
+                              "--cgroups-in-memory", "--socket", sock, "--state-dir", str(tmp_path / "state")],
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         _wait_until_serving(agent, sock)

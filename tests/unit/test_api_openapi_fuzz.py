@@ -48,7 +48,7 @@ def test_schemathesis_finds_no_5xx_and_no_traceback(tmp_path):
     port = _free_port()
     log = open(tmp_path / "agent.log", "w")
     agent = subprocess.Popen([sys.executable, "-m", "agent.cli", "agent", "--root", str(tmp_path / "root"),
-                              "--record-cgroups", "--socket", str(tmp_path / "a.sock"), "--state-dir",
+                              "--cgroups-in-memory", "--socket", str(tmp_path / "a.sock"), "--state-dir",
                               str(tmp_path / "state"), "--tcp-port", str(port), "--tcp-token-file",
                               str(tmp_path / "token")], stdout=log, stderr=subprocess.STDOUT)
     statuses = collections.Counter()

@@ -8,7 +8,7 @@ import pytest
 
 from agent.client import AgentClient
 from agent.daemon import Agent, AgentConfig
-from agent.isolation.cgroups.driver import RecordingCgroups
+from agent.isolation.cgroups.recording import RecordingCgroups
 from agent.reporter.usage import UsageSample
 from agent.topology.synthetic import Shape, build_topology
 

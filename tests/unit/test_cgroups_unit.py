@@ -5,7 +5,8 @@ import pytest
 
 from agent.isolation.cgroups.desired import CgroupOptions, CgroupSpec, desired_tree
 from agent.isolation.cgroups.detect import CgroupError, detect
-from agent.isolation.cgroups.driver import KernelCgroups, RecordingCgroups
+from agent.isolation.cgroups.driver import KernelCgroups
+from agent.isolation.cgroups.recording import RecordingCgroups
 from agent.isolation.cgroups.knobs import files_for, normalize, shares_to_weight, weight_to_shares
 from agent.isolation.cgroups.layout import kubelet_container_path, kubelet_pod_path
 from agent.isolation.cgroups.reconcile import Reconciler

@@ -83,7 +83,7 @@ def test_the_nodes_own_settings_come_before_the_policy_which_comes_before_the_de
 def test_a_loop_a_policy_turns_off_lets_go_at_once(tmp_path):
     from agent.daemon import Agent, AgentConfig
     from agent.isolation.cgroups.blockio import read_io_limits
-    from agent.isolation.cgroups.driver import RecordingCgroups
+    from agent.isolation.cgroups.recording import RecordingCgroups
     from tests.unit.test_capacity_api import TOPO
 
     driver = RecordingCgroups(version=2, features={"cpu.idle": True, "memory": True, "io": True})

@@ -4,7 +4,7 @@ import pytest
 
 from agent.isolation.cgroups.blockio import parse_io_max, parse_io_stat, read_io_bytes, read_io_limits
 from agent.isolation.cgroups.desired import CgroupSpec
-from agent.isolation.cgroups.driver import RecordingCgroups
+from agent.isolation.cgroups.recording import RecordingCgroups
 from agent.isolation.cgroups.knobs import files_for, line_writes, satisfied
 from agent.isolation.cgroups.reconcile import Reconciler
 from agent.services.io_throttle import CEILING, FLOOR, QUIET_PERIODS, IoThrottle

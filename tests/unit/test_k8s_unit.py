@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from agent.daemon import Agent, AgentConfig
-from agent.isolation.cgroups.driver import RecordingCgroups
+from agent.isolation.cgroups.recording import RecordingCgroups
 from agent.k8s.node import KubeletLayout, KubeNodeAgent
 from contracts.pods import pod_request, qos_class, quantity
 from agent.qrm.policy import allocate, initial_state, pools
@@ -540,7 +540,7 @@ def test_the_pod_watch_and_the_report_loop_never_deadlock(topo_dual_socket_ht, t
     from agent.daemon import Agent, AgentConfig
     from agent.k8s.node import KubeNodeAgent
 
-    agent = Agent(AgentConfig(state_dir=str(tmp_path / "st"), record_cgroups=True, reserved_cpus=()),
+    agent = Agent(AgentConfig(state_dir=str(tmp_path / "st"), cgroups_in_memory=True, reserved_cpus=()),
                   echo=lambda line: None, topology=topo_dual_socket_ht)
     agent.start()
     node = KubeNodeAgent(agent, client.ApiClient(), "n")  # no server: neither path below calls it

@@ -40,7 +40,7 @@ def test_the_agent_refuses_to_start_beside_a_static_kubelet_with_one_line(tmp_pa
     kubelet = tmp_path / "kubelet"
     kubelet.mkdir()
     (kubelet / "cpu_manager_state").write_text(state if isinstance(state, str) else json.dumps(state))
-    done = subprocess.run([sys.executable, "-m", "agent.cli", "agent", "--root", str(root), "--record-cgroups",
+    done = subprocess.run([sys.executable, "-m", "agent.cli", "agent", "--root", str(root), "--cgroups-in-memory",
                            "--socket", str(tmp_path / "s.sock"), "--state-dir", str(tmp_path / "state"),
                            "--kube-node", "n1", "--kubeconfig", str(tmp_path / "none"),
                            "--kubelet-root-dir", str(kubelet)], capture_output=True, text=True, timeout=60)

@@ -225,7 +225,7 @@ def test_knob_table_has_v1s_soft_limit_and_v2s_low():
 
 @pytest.mark.parametrize("value", ["12XB", "-1Gi", "", "0", "1023Ki", "1.5.2Gi"])
 def test_bad_memory_watermark_is_one_line_and_a_non_zero_exit(value, tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "agent.cli", "agent", "--record-cgroups", "--state-dir",
+    proc = subprocess.run([sys.executable, "-m", "agent.cli", "agent", "--cgroups-in-memory", "--state-dir",
                            str(tmp_path), "--socket", str(tmp_path / "s"), "--memory-evict-below", value],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode != 0

@@ -62,11 +62,11 @@ def exposed(tmp_path_factory) -> Set[str]:
     tmp = tmp_path_factory.mktemp("metrics")
     write_tree(str(tmp / "root"), Shape(sockets=1, numa_per_socket=1, cores_per_numa=2))
     sock = tmp / "m.sock"
-    proc = subprocess.Popen([sys.executable, "-m", "agent.cli", "agent", "--root", str(tmp / "root"), "--record-cgroups",
+    proc = subprocess.Popen([sys.executable, "-m", "agent.cli", "agent", "--root", str(tmp / "root"), "--cgroups-in-memory",
                              "--socket", str(sock), "--state-dir", str(tmp / "state")],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        proc.stdout.readline()
+        proc.stdout.readline(), proc.stdout.readline()  # cgroups in memory; the node
         assert "serving" in proc.stdout.readline()
         conn = _UnixConnection(str(sock), 15)
         conn.request("GET", "/metrics")

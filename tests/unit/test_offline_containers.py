@@ -10,7 +10,7 @@ import os
 import signal
 
 from agent.daemon import Agent, AgentConfig
-from agent.isolation.cgroups.driver import RecordingCgroups
+from agent.isolation.cgroups.recording import RecordingCgroups
 from agent.services.offline_containers import OfflineContainers, container_of, workload_name
 from agent.topology.synthetic import Shape, build_topology
 

@@ -5,7 +5,7 @@ Found on the real node tier: a reclaimed pod alone on the node got 0.34-0.57 of 
 because its own use was counted as online and shrank the capacity it ran on, period after period."""
 
 from agent.daemon import Agent, AgentConfig
-from agent.isolation.cgroups.driver import RecordingCgroups
+from agent.isolation.cgroups.recording import RecordingCgroups
 from agent.qrm.model import KUBERNETES
 from agent.reporter.usage import UsageSample
 from tests.unit.test_capacity_api import TOPO

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from agent.daemon import Agent, AgentConfig
-from agent.isolation.cgroups.driver import RecordingCgroups
+from agent.isolation.cgroups.recording import RecordingCgroups
 from agent.topology import HostFS, discover
 from agent.topology.synthetic import Shape, write_tree
 

@@ -17,7 +17,7 @@ import os
 import pytest
 
 from agent.daemon import Agent, AgentConfig
-from agent.isolation.cgroups.driver import RecordingCgroups
+from agent.isolation.cgroups.recording import RecordingCgroups
 from agent.qrm.model import Allocation, QoS
 from agent.qrm.policy import State
 from agent.qrm.state import encode
@@ -175,7 +175,7 @@ def test_a_state_directory_others_may_write_is_refused_with_one_line(tmp_path, m
     (tmp_path / "state").mkdir()
     os.chmod(tmp_path / "state", mode)
     done = subprocess.run([sys.executable, "-m", "agent.cli", "agent", "--root", str(tmp_path / "root"),
-                           "--record-cgroups", "--socket", str(tmp_path / "t.sock"), "--state-dir",
+                           "--cgroups-in-memory", "--socket", str(tmp_path / "t.sock"), "--state-dir",
                            str(tmp_path / "state")], capture_output=True, text=True, timeout=60)
     assert done.returncode == 2
     errors = [line for line in done.stderr.splitlines() if line.strip()]
@@ -196,7 +196,7 @@ def test_the_agent_as_a_process_keeps_a_fifo_checkpoint_aside_and_serves(tmp_pat
     os.mkfifo(tmp_path / "state" / "checkpoint.json")
     sock = str(tmp_path / "t.sock")
     agent = subprocess.Popen([sys.executable, "-m", "agent.cli", "agent", "--root", str(tmp_path / "root"),
-                              "--record-cgroups", "--socket", sock, "--state-dir", str(tmp_path / "state")],
+                              "--cgroups-in-memory", "--socket", sock, "--state-dir", str(tmp_path / "state")],
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         import time

@@ -1,0 +1,5 @@
+"""``python -m agent.cli``."""
+
+from agent.cli import main
+
+main()
