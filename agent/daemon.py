@@ -331,7 +331,7 @@ class Agent:
         cfg, owner = self.config, self.owner
         self.enforcement = Enforcement(owner, self.driver, cfg.cgroup_base, cfg.cgroup_options, cfg.state_dir,
                                        cfg.drift_check_period, self.counters, limits=lambda: self.harvest.limits(),
-                                       protection=lambda: self.harvest.protection(),
+                                       protection=lambda: self.harvest.protection.current(),
                                        confined=lambda: self.harvest.confined(),
                                        io_limits=lambda: self.harvest.io_guard.knob())
         self.harvest = Harvest(owner, self.enforcement, self.lending, cfg, self.counters,
@@ -445,10 +445,10 @@ class Agent:
         return self.node.doc()
 
     def shrink_now(self, online_millicpu: float) -> None:
-        self.harvest.shrink_now(online_millicpu)
+        self.harvest.guard.shrink_now(online_millicpu)
 
     def start_guard(self) -> None:
-        self.harvest.start_guard(self._stop)
+        self.harvest.guard.start(self._stop)
 
     def status(self) -> Dict[str, Any]:
         with self.lock:
@@ -561,9 +561,9 @@ class Agent:
                 "online_bytes": self.harvest.online_bytes,
                 "reclaimed_bytes": self.harvest.offline_bytes,
                 # memory.low in force (v2; None on v1, which has none): per cgroup holding online processes
-                "protected_bytes": sum(v for _, v in self.harvest.protection())
+                "protected_bytes": sum(v for _, v in self.harvest.protection.current())
                 if self.driver.features.get("memory_protection") else None,
-                "protection": dict(self.harvest.protection()),
+                "protection": dict(self.harvest.protection.current()),
                 "online_pressure_percent": meter.percent, "online_pressure_avg10": meter.avg10,
                 "pressure_scope": meter.scope, "pressure_threshold_percent": self.eviction.memory_pressure_threshold,
                 "offline_throttled_to_bytes": self.harvest.throttle.limit,

@@ -103,3 +103,54 @@ def pytest_sessionstart(session):
         mounts = detect(HostFS("/"))
         if mounts.version != 2:
             raise pytest.UsageError(f"TIDAL_REQUIRE_CGROUP2: this kernel offers cgroup v{mounts.version}")
+
+
+# ---- an agent in this process ------------------------------------------------------------------------------
+# What the tests that drive an agent in-process may change of AgentConfig, and why. Everything else is the
+# shipped default; a test that needs more passes it, and says why at the call.
+TEST_OVERRIDES = {
+    # the API's long-polls and pollers check every 50 ms, not every second: the tests wait less
+    "api_poll_interval": "answers within a test's patience",
+    # a workload whose processes all ended is kept an hour, not released after the default grace: the
+    # tests' workloads often have no process at all
+    "empty_grace": "workloads with no process are kept",
+    # the capacity counts all of the node's memory (the default sets 5%, at least 1 GiB, aside): the
+    # figures a test expects are the node's own
+    "memory_reserved_bytes": "capacity figures are the node's memory",
+    # the reclaim pool keeps its maximum instead of following sampled usage (there is none in a test)
+    "resize": "no usage-driven sizing",
+    # which cpus are the reserved pool: the shape under test decides
+    "reserved_cpus": "the reserved pool of the test's shape",
+}
+
+
+@pytest.fixture
+def make_agent(tmp_path):
+    """``make_agent(topology, driver=None, echo=None, name="a", state=None, start=True, **config)``: an
+    ``Agent`` on a synthetic or captured topology, its socket (``<name>.sock``) and state directory
+    (``state``, else ``<name>-state``: two agents given one ``state`` are a restart) under ``tmp_path``,
+    cgroups recorded in memory
+    (``driver``: a ``RecordingCgroups`` of the test's, else a new one). ``config`` may set only the
+    fields of ``TEST_OVERRIDES`` (the reason for each is there) unless ``extra`` names the others a test
+    needs. Every agent made is stopped at the end of the test."""
+    from agent.daemon import Agent, AgentConfig
+    from agent.isolation.cgroups.recording import RecordingCgroups
+
+    made = []
+
+    def make(topology, driver=None, echo=None, name="a", state=None, start=True, extra=(), **config):
+        unknown = set(config) - set(TEST_OVERRIDES) - set(extra)
+        assert not unknown, f"not a documented test override: {sorted(unknown)} (tests/conftest.py)"
+        settings = {"socket_path": str(tmp_path / f"{name}.sock"),
+                    "state_dir": str(tmp_path / (state or f"{name}-state")), **config}
+        agent = Agent(AgentConfig(**settings), echo=echo or (lambda line: None),
+                      driver=driver if driver is not None else RecordingCgroups(), topology=topology)
+        made.append(agent)
+        if start:
+            agent.start()
+        return agent
+
+    yield make
+    for agent in made:
+        if agent.state is not None and not agent._stop.is_set():  # started, and not shut down by the test
+            agent.shutdown()

@@ -493,7 +493,7 @@ def run(box_mib: int = 512, online_anon_mib: int = 64, online_file_mib: int = 64
                 result["throttles"] = agent.harvest.counters.get("pressure_throttles", 0)
                 result["kernel_confinements"] = agent.harvest.kernel_work.confinements
                 result["limits"] = list(agent.harvest.limits()[1:])
-                result["protection"] = dict(agent.harvest.protection())
+                result["protection"] = dict(agent.harvest.protection.current())
                 result["seen"] = {"node_bytes": agent.harvest.memory_total(), "online_bytes": agent.harvest.online_bytes,
                                   "available_bytes": agent.harvest.available_bytes}
             return result

@@ -6,22 +6,18 @@ Tidal's helpers, the cgroups declared offline (``--offline-cgroup``: an
 offline system's own daemons and containers where they live outside Tidal's
 tree) and the cgroups of reclaimed and dedicated pods (the kubelet's, in
 Kubernetes mode: counted as online, a reclaimed pod's own use would shrink
-the capacity it runs on);
+the capacity it runs on); protect online's memory (``services.protection``);
 resize the reclaim pool (``ReclaimSizer``); estimate the reclaimed capacity
 (``CapacityEstimator``; both use THE headroom rule, ``contracts.headroom``);
 publish it (generation, long-pollers, the push to offline agents) when it
-changes. Between periods the fast guard watches online's own cgroups and
-takes every lent cpu back at once when online saturates its pool or waits
-for cpus (``services.cpu_pressure``), cuts offline work's memory at once
-when online stalls on memory (``services.memory_throttle``), and limits its
-block io when online waits on io (``services.io_guard``).
+changes. Between periods the fast guard (``services.guard``) takes back what
+online needs at once.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import threading
 import time
 from dataclasses import replace
 from typing import Any, Callable, Dict, List, Optional
@@ -30,25 +26,24 @@ from agent.lending import OFFLINE, NodeLending
 from agent.qrm.policy import State, _layout
 from agent.reporter.capacity import MEMORY_STEP, MIB, Capacity, CapacityEstimator, HourlyHistory
 from agent.reporter.headroom import ReclaimSizer
-from agent.reporter.pressure import PressureFiles, PressureMeter
+from agent.reporter.pressure import PressureMeter
 from agent.reporter.task_cpus import TaskCpuAttribution, scale_to
 from agent.reporter.usage import UsageSampler
 from agent.isolation.cgroups.desired import HELPERS, RECLAIMED_HIGH_SHARE
 from agent.isolation.cgroups.driver import cpu_times_ns, procs_in_tree
 from agent.qrm.model import LOCAL, QoS
 from agent.services.enforcement import Enforcement
-from agent.services.cpu_pressure import WINDOW_S, CpuPressureLoop
+from agent.services.cpu_pressure import CpuPressureLoop
 from agent.services.io_guard import IoGuard
 from agent.services.kernel_work import KernelWork
-from agent.services import io_throttle
 from agent.services.memory_throttle import MemoryThrottle
+from agent.services.guard import FastGuard, online_wait
 from agent.services.owner import StateOwner
+from agent.services.protection import ONLINE_TREES, MemoryProtection
 
 log = logging.getLogger("tidal.agent")
 TREES = ("reclaimed", "dedicated", "shared", "system", HELPERS)
 NOT_ONLINE = ("reclaimed", "dedicated", HELPERS)  # the trees whose use is not online demand
-ONLINE_TREES = ("system", "dedicated", "shared")  # latency-sensitive work: its memory is protected
-PROTECTION_STEP = 64 * MIB
 
 
 def _percpu(text: Optional[str]) -> Optional[List[int]]:
@@ -57,13 +52,6 @@ def _percpu(text: Optional[str]) -> Optional[List[int]]:
         return [int(v) for v in text.split()] if text else None
     except ValueError:
         return None
-
-
-def online_wait(meter: PressureMeter) -> Optional[float]:
-    """Online's cpu (or io) wait share from the online cgroups' own pressure files, else None: the
-    node-wide figure counts offline work's own waiting (reclaimed tasks queue for idle cycles by design,
-    and wait on their own io), and a loop on it would act whenever offline is busy."""
-    return meter.percent if meter.scope == "cgroups" else None
 
 
 class Harvest:
@@ -84,7 +72,7 @@ class Harvest:
         self.online_bytes = 0
         self.offline_bytes = 0  # what offline work holds: the reclaimed tree, declared offline cgroups, reclaimed pods
         self.available_bytes: Optional[int] = None  # the node's MemAvailable (live hosts only)
-        self._protection: Dict[str, int] = {}  # cgroup holding online processes -> memory.low (see protect())
+        self.protection = MemoryProtection(owner, enforcement)  # memory.low of online's cgroups
         self.capacity: Optional[Capacity] = None
         self.generation = 0
         self.updated_at = time.time()
@@ -129,11 +117,11 @@ class Harvest:
         # reclaimed workloads that run in the kernel: off online's idle cpus (services.kernel_work)
         self.kernel_work = KernelWork()
         self.io_guard = IoGuard(self.driver, self.io_cgroups, getattr(config, "io_pressure_threshold", 0.0),
-                                stopping=self._stopping)
+                                stopping=lambda: self.guard.stopping())
         self.raw_memory: Optional[int] = None  # the reclaimed memory capacity before the throttle
         self._online_key: Optional[tuple] = None  # (state, placements, paths) of online_cgroups()
         self._pods_key: Optional[tuple] = None  # (state, placements, pods) of offline_pods()
-        self._guard_stop: Optional[threading.Event] = None  # the agent's stop, once the fast guard runs
+        self.guard = FastGuard(self)  # between periods: online gets cpus and memory back at once
 
     def online_cgroups(self) -> List[str]:
         """Where online work lives: Tidal's online trees and the cgroups of online pods (worked out again
@@ -230,7 +218,7 @@ class Harvest:
         self.online_millicpu = max(0, sample.total_millicpu - not_online - declared)
         view = self.memory_view()
         used = view[0] - view[1] if view is not None else 0
-        trees = self.protect()
+        trees = self.protection.protect()
         offline_bytes = self.driver.memory_usage_bytes(f"{base}/reclaimed") or 0
         offline_bytes += sum(self._rooted.memory_usage_bytes(p) or 0 for p in self.offline_cgroups)
         offline_bytes += sum(self.driver.memory_usage_bytes(p) or 0 for p, memory in self.offline_pods().items()
@@ -276,45 +264,6 @@ class Harvest:
         if ceiling is not None:
             total, available = min(total, ceiling[0]), min(available, ceiling[1])
         return total, available
-
-    def protect(self) -> int:
-        """``memory.low`` (v2) of each cgroup that holds online processes: what it uses, rounded up to
-        ``PROTECTION_STEP``; raised as soon as its use passes it, lowered only once its use is two steps
-        under (few writes). Those cgroups are Tidal's system tree, each dedicated and shared workload's
-        leaf, and each online pod's containers (its cgroup where none is known); ``desired_tree`` gives
-        every cgroup above them the sum below it. Protection must reach the cgroups the pages are charged
-        to: the kernel bounds a cgroup's protection by its parent's, and a cgroup with no ``memory.low``
-        of its own has none (unless cgroup2 is mounted with ``memory_recursiveprot``, which systemd does
-        and a bare mount does not). Memory under ``memory.low`` is reclaimed only when nothing
-        unprotected is left: offline work's pages go first. Returns what the online trees hold together,
-        page cache included."""
-        base = self.enforcement.base
-        total = sum(self.driver.memory_usage_bytes(f"{base}/{tree}") or 0 for tree in ONLINE_TREES)
-        if not self.driver.features.get("memory_protection"):
-            return total  # v1: no memory.low to write
-        protection: Dict[str, int] = {}
-        for path in self._protected_cgroups():
-            used = self.driver.memory_usage_bytes(path)
-            if used is None:
-                continue
-            target = -(-used // PROTECTION_STEP) * PROTECTION_STEP
-            old = self._protection.get(path)
-            protection[path] = target if old is None or target > old or target < old - 2 * PROTECTION_STEP else old
-        self._protection = protection
-        return total
-
-    def _protected_cgroups(self) -> List[str]:
-        base = self.enforcement.base
-        paths = [f"{base}/system"]  # system workloads of Tidal's own share it
-        for alloc in self.owner.state.allocations if self.owner.state is not None else ():
-            if alloc.qos is QoS.RECLAIMED or (alloc.qos is QoS.SYSTEM and alloc.source == LOCAL):
-                continue
-            cgroups = self.enforcement.cgroups_of(alloc)
-            paths += cgroups if alloc.source == LOCAL else (cgroups[1:] or cgroups[:1])
-        return paths
-
-    def protection(self) -> tuple:
-        return tuple(sorted(self._protection.items()))
 
     def _online_per_node(self, sample, now: float) -> Optional[Dict[int, int]]:
         """Online millicpu on each NUMA node's cpus: per-cpu busy less what the reclaimed and
@@ -539,118 +488,6 @@ class Harvest:
         if self.raw_memory is None:
             return None
         return int(max(self.raw_memory, 64 * MIB) * RECLAIMED_HIGH_SHARE) // MIB * MIB
-
-    def throttle_now(self, percent: float) -> bool:
-        """Online stalls on memory: cut what offline may hold, in the kernel and the capacity, now."""
-        owner = self.owner
-        with owner.lock:
-            if self._stopping():
-                return False
-            offline = self.driver.memory_usage_bytes(f"{self.enforcement.base}/reclaimed")
-            if not self.throttle.on_pressure(percent, offline):
-                return False
-            self.counters["pressure_throttles"] = self.counters.get("pressure_throttles", 0) + 1
-            log.info("online memory pressure %.1f%%: offline memory throttled to %d MiB (it held %d MiB)",
-                     percent, self.throttle.limit // MIB, offline // MIB)
-            owner.commit(self.with_capacity(owner.state))
-            self.enforcement.reconcile()
-            return True
-
-    # ---- the fast guard: online gets its cores back between periods --------------------------
-
-    def start_guard(self, stop: threading.Event) -> None:
-        if self.config.guard_interval <= 0 or self.config.cgroups_in_memory or not self.config.resize:
-            return
-        self._guard_stop = stop
-        threading.Thread(target=self._guard_loop, args=(stop,), name="tidal-guard", daemon=True).start()
-
-    def _guard_loop(self, stop: threading.Event) -> None:
-        """Every ``guard_interval``: online usage over the last interval from the
-        online cgroups' cpu counters (two file reads; nanosecond counters, so one
-        interval is enough). When online saturates its pool while cpus are lent,
-        take them all back now instead of at the next period. A false alarm costs
-        offline work a few periods of lending; a miss would cost online latency."""
-        base = self.enforcement.base
-        readers = [self.driver.usage_reader(p) for p in (f"{base}/shared", f"{base}/system")]
-        files = PressureFiles(getattr(self.driver, "membership_dir", lambda path: None))
-        pressure = PressureMeter(files.read, self.online_cgroups, "memory")
-        cpu_pressure = PressureMeter(files.read, self.online_cgroups, "cpu")
-        io_pressure = PressureMeter(files.read, self.online_cgroups, "io")
-        cpu_every = max(1, round(WINDOW_S / self.config.guard_interval))  # intervals per cpu pressure sample
-        io_every = max(1, round(io_throttle.WINDOW_S / self.config.guard_interval))
-        history: List[tuple] = []
-        count = 0
-        while not stop.is_set():
-            time.sleep(self.config.guard_interval)  # Event.wait(timeout) costs ~10x the cpu of a sleep
-            if stop.is_set():
-                break
-            now = time.monotonic()
-            count += 1
-            if self.throttle.threshold > 0:  # online stalls on memory: offline shrinks now, not next period
-                stalled = pressure.sample(now)
-                if stalled is not None and stalled >= self.throttle.threshold:
-                    self.throttle_now(stalled)
-            if self.cpu_loop.threshold > 0 and count % cpu_every == 0:
-                cpu_pressure.sample(now)
-                waiting = online_wait(cpu_pressure)
-                if waiting is not None and waiting >= self.cpu_loop.threshold:
-                    self.cpu_pressure_now(waiting)
-            if self.io_guard.active and count % io_every == 0:
-                io_pressure.sample(now)
-                # online's own figure only: the node-wide one counts offline's waits on its own io
-                if self.io_guard.on_window(online_wait(io_pressure), now):
-                    self.counters["io_pressure_throttles"] = self.counters.get("io_pressure_throttles", 0) + 1
-                    with self.owner.lock:  # the limits reach the kernel now, through the Reconciler
-                        if not self._stopping():
-                            self.enforcement.reconcile()
-            total = sum(read() or 0 for read in readers)
-            history.append((now, total))
-            del history[:-2]
-            if len(history) < 2:
-                continue
-            (t0, u0), (t1, u1) = history[0], history[-1]
-            rate = (u1 - u0) / 1e6 / max(1e-6, t1 - t0)  # millicpu
-            with self.owner.lock:
-                pool = self.owner.pools()
-                online_cpus = len(pool.shared) + len(pool.reserved)
-                if self.carved() and rate >= self.sizer.saturation * online_cpus * 1000:
-                    self.shrink_now(rate)
-        files.close()
-
-    def cpu_pressure_now(self, percent: float) -> bool:
-        """Online waits for cpus while some are lent: take them all back now (and hold lending)."""
-        with self.owner.lock:
-            if self._stopping() or not self.cpu_loop.on_pressure(percent, self.carved()):
-                return False
-            log.info("online cpu pressure %.1f%% (threshold %g%%): every lent cpu taken back, lending held "
-                     "%d periods", percent, self.cpu_loop.threshold, self.cpu_loop.holding)
-            self.shrink_now(self.online_millicpu)
-            self.counters["cpu_pressure_shrinks"] = self.counters.get("cpu_pressure_shrinks", 0) + 1
-            return True
-
-    def carved(self) -> bool:
-        """Whether offline holds cpus carved out of the shared pool (lent cpus the guard can take back)."""
-        pool = self.owner.pools()
-        return not set(pool.reclaimed) <= set(pool.lendable)
-
-    def _stopping(self) -> bool:
-        """The agent is stopping: the guard writes nothing more (under the lock, checked after the
-        agent's revert may have run, which would otherwise see its tree made again)."""
-        return self._guard_stop is not None and self._guard_stop.is_set()
-
-    def shrink_now(self, online_millicpu: float) -> None:
-        """Give the shared pool every lent cpu and cut the capacity, in the kernel, now."""
-        owner = self.owner
-        with owner.lock:
-            if self._stopping():
-                return
-            lay = _layout(owner.topology, owner.state)
-            self.sizer.force(len(lay.free), int(online_millicpu))
-            lendable = len(owner.pools().lendable)
-            self.estimator.observe(time.monotonic(), time.time(), int(online_millicpu), self.online_bytes)
-            owner.commit(self.with_capacity(owner.state.with_reclaim_cpus(lendable)))
-            self.counters["fast_shrinks"] = self.counters.get("fast_shrinks", 0) + 1
-            self.enforcement.reconcile()
 
     def capacity_numbers(self) -> Dict[str, Any]:
         cap = self.capacity or Capacity(0, 0, "requests")

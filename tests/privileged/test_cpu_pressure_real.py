@@ -68,7 +68,7 @@ def test_online_cpu_pressure_takes_lent_cpus_back_under_saturation(tmp_path):
         deadline, since = time.monotonic() + 60, None
         while since is None or time.monotonic() - since < agent.config.period:  # sized, online idle: a cpu lent
             assert time.monotonic() < deadline, "the agent never lent a cpu for a whole period"
-            lent = agent.harvest.carved() and agent.harvest.online_millicpu
+            lent = agent.harvest.guard.carved() and agent.harvest.online_millicpu
             since = (since or time.monotonic()) if lent else None
             time.sleep(0.02)
         assert agent.counters["cpu_pressure_shrinks"] == 0
@@ -79,15 +79,15 @@ def test_online_cpu_pressure_takes_lent_cpus_back_under_saturation(tmp_path):
             web.stdin.flush()
         while agent.counters["cpu_pressure_shrinks"] == 0:
             assert time.monotonic() - step < 10, (
-                f"no cpu taken back in 10 s: lent {agent.harvest.carved()}, online waited "
+                f"no cpu taken back in 10 s: lent {agent.harvest.guard.carved()}, online waited "
                 f"{agent.harvest.cpu_pressure.percent}% of the last period")
             time.sleep(0.005)
         taken_after = time.monotonic() - step
-        assert not agent.harvest.carved()
+        assert not agent.harvest.guard.carved()
         held = []
         for _ in range(5):  # periods: lending stays held
             held.append(stall_share(agent, leaf, agent.config.period))
-            assert not agent.harvest.carved(), "lending grew back during the hold"
+            assert not agent.harvest.guard.carved(), "lending grew back during the hold"
         print(f"online's burst -> it waited {agent.harvest.cpu_loop.last_trigger}% of 0.25 s on the one cpu left; "
               f"lent cpu taken back {taken_after:.3f} s after the burst began (guard {agent.config.guard_interval} s, "
               f"pressure window 0.25 s); online waited "

@@ -10,7 +10,6 @@ from click.testing import CliRunner
 
 from agent.cli import main
 from agent.client import AgentClient
-from agent.daemon import Agent, AgentConfig
 from agent.isolation.cgroups.recording import RecordingCgroups
 from agent.topology.synthetic import Shape, build_topology
 
@@ -18,14 +17,10 @@ TOPO = build_topology(Shape(sockets=1, numa_per_socket=2, cores_per_numa=4, thre
 
 
 @pytest.fixture()
-def agent(tmp_path):
-    config = AgentConfig(api_poll_interval=0.05, socket_path=str(tmp_path / "a.sock"), state_dir=str(tmp_path / "state"), empty_grace=3600)
-    driver = RecordingCgroups(version=1)
-    agent = Agent(config, echo=lambda line: None, driver=driver, topology=TOPO)
-    agent.start()
+def agent(make_agent):
+    agent = make_agent(TOPO, driver=RecordingCgroups(version=1), api_poll_interval=0.05, empty_grace=3600)
     agent.serve()
-    yield agent
-    agent.shutdown()
+    return agent
 
 
 def client(agent):
@@ -91,11 +86,9 @@ def test_malformed_body_and_name_in_use(agent):
     assert status in (200, 400)  # the recording driver accepts any pid; the kernel test covers ESRCH
 
 
-def test_empty_workloads_are_released(tmp_path):
-    config = AgentConfig(api_poll_interval=0.05, socket_path=str(tmp_path / "b.sock"), state_dir=str(tmp_path / "s"), empty_grace=5,
-                         watch_period=0)
-    agent = Agent(config, echo=lambda line: None, driver=RecordingCgroups(), topology=TOPO)
-    agent.start()
+def test_empty_workloads_are_released(make_agent):
+    # a grace of 5 s (the test moves the clock past it); the API's watch off: the test ticks itself
+    agent = make_agent(TOPO, api_poll_interval=0.05, empty_grace=5, watch_period=0, extra=("watch_period",))
     agent.admit({"name": "gone", "qos": "shared_cores", "millicpu": 100})
     agent.admit({"name": "young", "qos": "shared_cores", "millicpu": 100})
     agent.attach("gone", 4242)
@@ -109,16 +102,13 @@ def test_empty_workloads_are_released(tmp_path):
     assert agent.counters["released_empty"] == 2
 
 
-def test_restart_reloads_state_and_reconciles(tmp_path):
-    config = AgentConfig(api_poll_interval=0.05, socket_path=str(tmp_path / "c.sock"), state_dir=str(tmp_path / "s"), empty_grace=3600)
+def test_restart_reloads_state_and_reconciles(make_agent):
     driver = RecordingCgroups()
-    first = Agent(config, echo=lambda line: None, driver=driver, topology=TOPO)
-    first.start()
+    first = make_agent(TOPO, driver=driver, api_poll_interval=0.05, empty_grace=3600)
     first.admit({"name": "web", "qos": "dedicated_cores", "cpus": 2})
     # the agent dies; someone narrows the workload's cpuset meanwhile
     driver.files["tidal/dedicated/web"][("cpuset", "cpuset.cpus")] = "7"
-    second = Agent(config, echo=lambda line: None, driver=driver, topology=TOPO)
-    second.start()
+    second = make_agent(TOPO, driver=driver, api_poll_interval=0.05, empty_grace=3600)  # the same socket and state
     assert second.state == first.state
     from agent.topology.parse import format_cpulist
     assert driver.files["tidal/dedicated/web"][("cpuset", "cpuset.cpus")] == format_cpulist(first.state.get("web").cpus)

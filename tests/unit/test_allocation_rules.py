@@ -98,14 +98,9 @@ def test_reclaimed_work_a_dedicated_request_leaves_with_no_cpu_is_evicted_not_pu
     assert "no cpu is left for reclaimed work" in reasons["r4"]
 
 
-def test_the_agent_evicts_what_the_plan_evicts(hwloc_topologies, tmp_path):
-    from agent.daemon import Agent, AgentConfig
-    from agent.isolation.cgroups.recording import RecordingCgroups
-
+def test_the_agent_evicts_what_the_plan_evicts(hwloc_topologies, make_agent):
     topo = hwloc_topologies["8em64t-2s2ca2c"]
-    agent = Agent(AgentConfig(state_dir=str(tmp_path / "s"), socket_path=str(tmp_path / "a.sock"), reserved_cpus=(0,),
-                              resize=False), echo=lambda line: None, driver=RecordingCgroups(), topology=topo)
-    agent.start()
+    agent = make_agent(topo, reserved_cpus=(0,), resize=False)
     try:
         agent.admit({"name": "r2", "qos": "reclaimed_cores", "millicpu": 1000})
         agent.admit({"name": "d", "qos": "dedicated_cores", "cpus": 7})

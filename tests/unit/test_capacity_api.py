@@ -7,8 +7,6 @@ import time
 import pytest
 
 from agent.client import AgentClient
-from agent.daemon import Agent, AgentConfig
-from agent.isolation.cgroups.recording import RecordingCgroups
 from agent.reporter.usage import UsageSample
 from agent.topology.synthetic import Shape, build_topology
 
@@ -30,11 +28,12 @@ class FakeSampler:
         pass
 
 
-def make_agent(tmp_path, name="a", **overrides):
-    config = AgentConfig(api_poll_interval=0.05, socket_path=str(tmp_path / f"{name}.sock"), state_dir=str(tmp_path / "state"),
-                         empty_grace=3600, memory_reserved_bytes=0, **overrides)
-    agent = Agent(config, echo=lambda line: None, driver=RecordingCgroups(), topology=TOPO)
-    agent.start()
+def serving(make_agent, name="a", **overrides):
+    """An agent whose usage is ``FakeSampler``'s, with a 2 s window, serving its API; agents of any name
+    share one state directory (a second one is the first restarted)."""
+    extra = tuple(k for k in overrides if k not in ("api_poll_interval", "empty_grace", "memory_reserved_bytes"))
+    agent = make_agent(TOPO, name=name, state="state", api_poll_interval=0.05, empty_grace=3600,
+                       memory_reserved_bytes=0, extra=extra, **overrides)
     agent.sampler = FakeSampler()
     agent.estimator.window_s = 2.0
     agent.serve()
@@ -42,8 +41,8 @@ def make_agent(tmp_path, name="a", **overrides):
 
 
 @pytest.fixture()
-def agent(tmp_path):
-    agent = make_agent(tmp_path)
+def agent(tmp_path, make_agent):
+    agent = serving(make_agent)
     yield agent
     agent.shutdown()
 
@@ -119,8 +118,8 @@ def test_long_poll_times_out_with_the_same_generation(agent):
     assert status == 200 and again["generation"] == doc["generation"]
 
 
-def test_low_tier_is_evicted_before_min_and_high(tmp_path):
-    agent = make_agent(tmp_path, eviction_grace=5)
+def test_low_tier_is_evicted_before_min_and_high(tmp_path, make_agent):
+    agent = serving(make_agent, eviction_grace=5)
     try:
         for name, tier in (("old-low", "low"), ("high", "high"), ("min", "min"), ("young-low", "low")):
             agent.admit({"name": name, "qos": "reclaimed_cores", "millicpu": 1500, "tier": tier})
@@ -146,11 +145,11 @@ def test_low_tier_is_evicted_before_min_and_high(tmp_path):
         agent.shutdown()
 
 
-def test_lending_round_trip_with_notice_and_a_restart_in_the_middle(tmp_path):
+def test_lending_round_trip_with_notice_and_a_restart_in_the_middle(tmp_path, make_agent):
     log = tmp_path / "hooks.log"
     hook = ["sh", "-c", f'echo "$TIDAL_NODE_FROM>$TIDAL_NODE_TO" >> {log}']
     hooks = {state: hook for state in ("OnlineToOffline", "Offline", "OfflineToOnline", "Online")}
-    agent = make_agent(tmp_path, hooks=hooks)
+    agent = serving(make_agent, hooks=hooks)
     client = AgentClient(agent.config.socket_path, timeout=15)
     agent.admit({"name": "web", "qos": "shared_cores", "millicpu": 2000})
     node = client.request("POST", "/v1/node/lend", {"notice": "1s"})
@@ -184,7 +183,7 @@ def test_lending_round_trip_with_notice_and_a_restart_in_the_middle(tmp_path):
     agent.shutdown()
     assert agent.lending.wait_hooks()  # the restart's hooks come after the first agent's
     # the agent restarts in the middle of the notice window
-    again = make_agent(tmp_path, name="b", hooks=hooks)
+    again = serving(make_agent, name="b", hooks=hooks)
     try:
         assert again.lending.current.state == "OfflineToOnline"
         assert again.state.get("batch") is not None
@@ -214,8 +213,8 @@ def test_bad_lending_requests(agent, path, body, status, message):
     assert agent.lending.current.state == "Online"
 
 
-def test_push_to_an_unreachable_url_never_blocks_the_loop(tmp_path):
-    agent = make_agent(tmp_path, push_url="http://127.0.0.1:9/capacity")
+def test_push_to_an_unreachable_url_never_blocks_the_loop(tmp_path, make_agent):
+    agent = serving(make_agent, push_url="http://127.0.0.1:9/capacity")
     try:
         agent.sampler.online = 1000
         start = time.monotonic()
@@ -242,9 +241,9 @@ def test_push_to_an_unreachable_url_never_blocks_the_loop(tmp_path):
         agent.shutdown()
 
 
-def test_push_command_gets_the_yarn_body(tmp_path):
+def test_push_command_gets_the_yarn_body(tmp_path, make_agent):
     out = tmp_path / "pushed.json"
-    agent = make_agent(tmp_path, push_command=["sh", "-c", f'cat > {out}; echo "$TIDAL_VCORES" >> {out}.env'])
+    agent = serving(make_agent, push_command=["sh", "-c", f'cat > {out}; echo "$TIDAL_VCORES" >> {out}.env'])
     try:
         agent.sampler.online = 2000
         agent.tick(now=5.0)
@@ -308,10 +307,10 @@ def test_cli_capacity_and_node(agent):
     assert out.exit_code == 2 and "cannot lend: the node is Offline" in out.output
 
 
-def test_a_slow_hook_never_holds_the_agent(tmp_path):
+def test_a_slow_hook_never_holds_the_agent(tmp_path, make_agent):
     """#17: a 20 s hook froze /v1/status, the loop and the guard for 19.5 s: hooks ran under the lock."""
     hooks = {"OnlineToOffline": ["sleep", "3"]}
-    agent = make_agent(tmp_path, hooks=hooks)
+    agent = serving(make_agent, hooks=hooks)
     client = AgentClient(agent.config.socket_path, timeout=15)
     agent.admit({"name": "web", "qos": "shared_cores", "millicpu": 500})  # keeps the node in its notice
     try:

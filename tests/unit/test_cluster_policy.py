@@ -80,16 +80,13 @@ def test_the_nodes_own_settings_come_before_the_policy_which_comes_before_the_de
     assert out["memory-pressure-threshold"] == (20.0, "default")
 
 
-def test_a_loop_a_policy_turns_off_lets_go_at_once(tmp_path):
-    from agent.daemon import Agent, AgentConfig
+def test_a_loop_a_policy_turns_off_lets_go_at_once(make_agent):
     from agent.isolation.cgroups.blockio import read_io_limits
     from agent.isolation.cgroups.recording import RecordingCgroups
     from tests.unit.test_capacity_api import TOPO
 
     driver = RecordingCgroups(version=2, features={"cpu.idle": True, "memory": True, "io": True})
-    agent = Agent(AgentConfig(socket_path=str(tmp_path / "a.sock"), state_dir=str(tmp_path / "s"),
-                              memory_reserved_bytes=0), echo=lambda line: None, driver=driver, topology=TOPO)
-    agent.start()
+    agent = make_agent(TOPO, driver=driver, memory_reserved_bytes=0)
     try:
         agent.harvest.io_guard.throttle.limits = {"254:0": (4 * MIB, None)}
         agent.harvest.throttle.limit = 512 * MIB

@@ -3,7 +3,7 @@ makes of it: the pools at once, the pool sizer's growth held, status and metrics
 
 from agent.reporter.headroom import ReclaimSizer
 from agent.services.cpu_pressure import HOLD_PERIODS, MAX_HOLD_PERIODS, RESET_PERIODS, CpuPressureLoop
-from tests.unit.test_capacity_api import make_agent
+from tests.unit.test_capacity_api import serving
 
 
 def test_pressure_takes_lent_cpus_back_only_over_the_threshold_and_while_cpus_are_lent():
@@ -54,28 +54,28 @@ def test_a_held_sizer_keeps_the_shared_pool_and_still_grows_it():
 
 def lent(agent, start=1.0):
     now = start
-    while not agent.harvest.carved():
+    while not agent.harvest.guard.carved():
         now += 1.0
         agent.tick(now=now)
         assert now < start + 60, "the agent never lent a cpu"
     return now
 
 
-def test_the_agent_takes_every_lent_cpu_back_at_once_and_holds_lending(tmp_path):
-    agent = make_agent(tmp_path)
+def test_the_agent_takes_every_lent_cpu_back_at_once_and_holds_lending(tmp_path, make_agent):
+    agent = serving(make_agent)
     try:
         now = lent(agent)
         assert agent.status()["cpu_pressure"]["threshold_percent"] == 20.0  # the shipped default
-        assert agent.harvest.cpu_pressure_now(35.0)
-        assert not agent.harvest.carved()  # in the pools now, not next period
+        assert agent.harvest.guard.cpu_pressure_now(35.0)
+        assert not agent.harvest.guard.carved()  # in the pools now, not next period
         assert agent.counters["cpu_pressure_shrinks"] == 1 and agent.counters["fast_shrinks"] == 1
         status = agent.status()["cpu_pressure"]
         assert status["shrinks"] == 1 and status["lending_held_periods"] == HOLD_PERIODS
-        assert not agent.harvest.cpu_pressure_now(35.0)  # nothing lent any more: nothing to do
+        assert not agent.harvest.guard.cpu_pressure_now(35.0)  # nothing lent any more: nothing to do
         for _ in range(HOLD_PERIODS - 1):
             now += 1.0
             agent.tick(now=now)
-            assert not agent.harvest.carved(), "lending grew during the hold"
+            assert not agent.harvest.guard.carved(), "lending grew during the hold"
         lent(agent, now)  # and grows back after it
         from agent.reporter.metrics import render
 
@@ -85,11 +85,11 @@ def test_the_agent_takes_every_lent_cpu_back_at_once_and_holds_lending(tmp_path)
         agent.shutdown()
 
 
-def test_off_at_zero(tmp_path):
-    agent = make_agent(tmp_path, cpu_pressure_threshold=0.0)
+def test_off_at_zero(tmp_path, make_agent):
+    agent = serving(make_agent, cpu_pressure_threshold=0.0)
     try:
         lent(agent)
-        assert not agent.harvest.cpu_pressure_now(100.0) and agent.harvest.carved()
+        assert not agent.harvest.guard.cpu_pressure_now(100.0) and agent.harvest.guard.carved()
     finally:
         agent.shutdown()
 
@@ -98,7 +98,7 @@ def test_only_the_online_cgroups_own_pressure_acts_never_the_nodes():
     # the node-wide figure counts reclaimed tasks queueing for idle cycles: acting on it would take lent
     # cpus back whenever offline is busy
     from agent.reporter.pressure import PressureMeter
-    from agent.services.harvest import online_wait
+    from agent.services.guard import online_wait
 
     doc = lambda total: {"some": {"total": total, "avg10": 0.0}}  # noqa: E731
     totals = {"node": 0.0}

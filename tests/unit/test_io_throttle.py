@@ -146,18 +146,14 @@ def test_the_guard_measures_offline_io_and_hands_its_limits_to_the_tree():
     assert not off.active
 
 
-def test_the_agent_lifts_stale_limits_at_start_writes_the_guards_and_lifts_them_on_stop(tmp_path):
-    from agent.daemon import Agent, AgentConfig
+def test_the_agent_lifts_stale_limits_at_start_writes_the_guards_and_lifts_them_on_stop(make_agent):
     from tests.unit.test_capacity_api import TOPO
 
     driver = RecordingCgroups(version=2, features={"cpu.idle": True, "memory": True, "io": True})
     driver.create("tidal/reclaimed")
     driver.files["tidal/reclaimed"][("", "io.max")] = "254:0 rbps=1048576 wbps=max"  # left by an earlier agent
     lines = []
-    config = AgentConfig(socket_path=str(tmp_path / "a.sock"), state_dir=str(tmp_path / "state"),
-                         memory_reserved_bytes=0)
-    agent = Agent(config, echo=lines.append, driver=driver, topology=TOPO)
-    agent.start()
+    agent = make_agent(TOPO, driver=driver, echo=lines.append, memory_reserved_bytes=0)
     try:
         assert "tidal agent: lifted 1 io limits an earlier agent left (tidal/reclaimed 254:0)" in lines, lines
         assert read_io_limits(driver, "tidal/reclaimed") == {}
@@ -169,14 +165,14 @@ def test_the_agent_lifts_stale_limits_at_start_writes_the_guards_and_lifts_them_
     assert read_io_limits(driver, "tidal/reclaimed") == {}  # a clean stop keeps the tree, not the limits
 
 
-def test_status_and_metrics_show_io_limits_and_confined_workloads(tmp_path):
+def test_status_and_metrics_show_io_limits_and_confined_workloads(make_agent):
     from click.testing import CliRunner
 
     from agent.cli import main
     from agent.reporter.metrics import render
-    from tests.unit.test_capacity_api import make_agent
+    from tests.unit.test_capacity_api import serving
 
-    agent = make_agent(tmp_path)
+    agent = serving(make_agent)
     try:
         agent.admit({"name": "scan", "qos": "reclaimed_cores", "millicpu": 100, "tier": "low"})
         agent.harvest.io_guard.throttle.limits = {"254:0": (2 * MIB, None)}

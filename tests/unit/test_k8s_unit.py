@@ -6,7 +6,6 @@ from pathlib import Path
 
 import pytest
 
-from agent.daemon import Agent, AgentConfig
 from agent.isolation.cgroups.recording import RecordingCgroups
 from agent.k8s.node import KubeletLayout, KubeNodeAgent
 from contracts.pods import pod_request, qos_class, quantity
@@ -92,12 +91,10 @@ def test_qos_class_is_computed_when_the_status_does_not_say():
     assert qos_class({"status": {"qosClass": "Burstable"}, "spec": {}}) == "Burstable"
 
 
-def pod_agent(topo, tmp_path, cgroups):
-    """An agent as ``tidal agent --kube-node`` builds it (defaults), on a recording driver."""
-    agent = Agent(AgentConfig(state_dir=str(tmp_path / "state"), socket_path=str(tmp_path / "t.sock"),
-                              reserved_cpus=()), echo=lambda line: None, driver=cgroups, topology=topo)
-    agent.start()
-    return agent
+def pod_agent(topo, make_agent, cgroups):
+    """An agent as ``tidal agent --kube-node`` builds it (defaults, no reserved pool), on a recording driver;
+    each call of a test on the same state directory is a restart."""
+    return make_agent(topo, driver=cgroups, state="state", reserved_cpus=())
 
 
 @pytest.mark.parametrize("driver, qos, runtime_id, want_pod, want_container", [
@@ -109,8 +106,7 @@ def pod_agent(topo, tmp_path, cgroups):
     ("systemd", "Guaranteed", "cri-o://def", "kubepods.slice/kubepods-pod0f1e_22.slice",
      "kubepods.slice/kubepods-pod0f1e_22.slice/crio-def.scope"),
 ], ids=["cgroupfs-burstable", "cgroupfs-guaranteed", "systemd-containerd", "systemd-crio"])
-def test_allocations_are_written_to_the_kubelet_cgroups(topo_dual_socket_ht, tmp_path, driver, qos, runtime_id,
-                                                        want_pod, want_container):
+def test_allocations_are_written_to_the_kubelet_cgroups(topo_dual_socket_ht, tmp_path, driver, qos, runtime_id, want_pod, want_container, make_agent):
     cgroups = RecordingCgroups()
     cgroups.create("kubepods.slice" if driver == "systemd" else "kubepods")
     for path in (want_pod, want_container):
@@ -120,7 +116,7 @@ def test_allocations_are_written_to_the_kubelet_cgroups(topo_dual_socket_ht, tmp
     spec = pod(cpu="2" if qos == "Guaranteed" else "500m", limits=qos == "Guaranteed")
     spec["status"] = {"qosClass": qos, "containerStatuses": [{"name": "c", "containerID": runtime_id}]}
     request = pod_request(spec)
-    agent = pod_agent(topo_dual_socket_ht, tmp_path, cgroups)
+    agent = pod_agent(topo_dual_socket_ht, make_agent, cgroups)
     agent.admit(request.document, source="kubernetes")
     assert layout.paths(spec, request) == (want_pod, want_container)
     agent.place(request.workload, layout.paths(spec, request))
@@ -132,12 +128,12 @@ def test_allocations_are_written_to_the_kubelet_cgroups(topo_dual_socket_ht, tmp
     assert not cgroups.exists(f"tidal/{'dedicated' if qos == 'Guaranteed' else 'shared'}/{request.workload}")
 
 
-def test_a_pod_cgroup_the_kubelet_has_not_made_yet_is_written_once_it_is_there(topo_dual_socket_ht, tmp_path):
+def test_a_pod_cgroup_the_kubelet_has_not_made_yet_is_written_once_it_is_there(topo_dual_socket_ht, tmp_path, make_agent):
     cgroups = RecordingCgroups()
     cgroups.create("kubepods")
     cgroups.create("kubepods/burstable")
     request = pod_request(pod(cpu="500m", limits=False))
-    agent = pod_agent(topo_dual_socket_ht, tmp_path, cgroups)
+    agent = pod_agent(topo_dual_socket_ht, make_agent, cgroups)
     agent.admit(request.document, source="kubernetes")
     path = "kubepods/burstable/pod0f1e-22"
     agent.place(request.workload, (path,))
@@ -148,11 +144,10 @@ def test_a_pod_cgroup_the_kubelet_has_not_made_yet_is_written_once_it_is_there(t
     assert "tidal/shared/ns.p" not in cgroups.files  # its processes are not in Tidal's tree
 
 
-def test_a_pod_is_kept_while_its_processes_are_in_the_kubelets_cgroups_and_tidals_are_empty(
-        topo_dual_socket_ht, tmp_path):
+def test_a_pod_is_kept_while_its_processes_are_in_the_kubelets_cgroups_and_tidals_are_empty(topo_dual_socket_ht, tmp_path, make_agent):
     """The defect of #16: the 'empty cgroup' rule of local workloads released pods after 30 s."""
     cgroups = RecordingCgroups()
-    agent = pod_agent(topo_dual_socket_ht, tmp_path, cgroups)
+    agent = pod_agent(topo_dual_socket_ht, make_agent, cgroups)
     assert agent.config.empty_grace == 30 and agent.config.watch_period == 10  # the shipped settings
     request = pod_request(pod(cpu="2"))
     agent.admit(request.document, source="kubernetes")
@@ -171,9 +166,9 @@ class _NoApi:
         return obj
 
 
-def test_a_restarted_node_agent_adopts_its_pods_and_releases_only_unclaimed_ones(topo_dual_socket_ht, tmp_path):
+def test_a_restarted_node_agent_adopts_its_pods_and_releases_only_unclaimed_ones(topo_dual_socket_ht, tmp_path, make_agent):
     cgroups = RecordingCgroups()
-    agent = pod_agent(topo_dual_socket_ht, tmp_path, cgroups)
+    agent = pod_agent(topo_dual_socket_ht, make_agent, cgroups)
     kept, gone = pod(name="kept", cpu="2", uid="u-kept"), pod(name="gone", cpu="2", uid="u-gone")
     for spec in (kept, gone):
         agent.admit(pod_request(spec).document, source="kubernetes")
@@ -181,7 +176,7 @@ def test_a_restarted_node_agent_adopts_its_pods_and_releases_only_unclaimed_ones
     cpus = agent.state.get("pod/u-kept").cpus
     agent.shutdown()
     # the restart: a new agent from the same state dir, a new node agent that lists pods
-    again = pod_agent(topo_dual_socket_ht, tmp_path, RecordingCgroups())
+    again = pod_agent(topo_dual_socket_ht, make_agent, RecordingCgroups())
     assert set(again.state.names()) == {"pod/u-kept", "pod/u-gone", "local"}
     node = KubeNodeAgent(again, _NoApi(), "n1")
     node.on_pod(kept)  # listed: adopted, not admitted again (which would refuse the name)
@@ -192,7 +187,7 @@ def test_a_restarted_node_agent_adopts_its_pods_and_releases_only_unclaimed_ones
     assert again.state.get("pod/u-kept").cpus == cpus
 
 
-def test_an_older_agents_pod_names_are_adopted_with_their_cpus(topo_dual_socket_ht, tmp_path):
+def test_an_older_agents_pod_names_are_adopted_with_their_cpus(topo_dual_socket_ht, tmp_path, make_agent):
     """Agents before 0.2 named pods <namespace>.<name>: the upgraded agent renames them when it lists the pod."""
     from agent.qrm.model import Allocation, QoS
     from agent.qrm.state import CheckpointStore
@@ -204,7 +199,7 @@ def test_an_older_agents_pod_names_are_adopted_with_their_cpus(topo_dual_socket_
     state = state.with_allocation(Allocation("ns.gone", QoS.SHARED, 500, mems=(0, 1, 2, 3), source="kubernetes"))
     (tmp_path / "state").mkdir()
     CheckpointStore(str(tmp_path / "state" / "checkpoint.json")).save(state, topo)
-    agent = pod_agent(topo, tmp_path, RecordingCgroups())
+    agent = pod_agent(topo, make_agent, RecordingCgroups())
     assert set(agent.state.names()) == {"ns.kept", "ns.gone"}  # the checkpoint of 0.1 is read as it is
     node = KubeNodeAgent(agent, _NoApi(), "n1")
     node.on_pod(pod(name="kept", cpu="2", uid="u-kept"))
@@ -309,7 +304,7 @@ def test_prioritize_json_says_what_prioritize_says():
     assert {h["Host"] for h in cache.prioritize(args["Pod"], odd)} == {"n0"}
 
 
-def test_moving_a_pod_to_other_cpus_keeps_containers_inside_the_pod_at_every_step(topo_dual_socket_ht, tmp_path):
+def test_moving_a_pod_to_other_cpus_keeps_containers_inside_the_pod_at_every_step(topo_dual_socket_ht, tmp_path, make_agent):
     from dataclasses import replace
 
     from agent.topology.parse import format_cpulist, parse_cpulist
@@ -321,7 +316,7 @@ def test_moving_a_pod_to_other_cpus_keeps_containers_inside_the_pod_at_every_ste
     spec = pod(cpu="2")
     spec["status"] = {"qosClass": "Guaranteed", "containerStatuses": [{"containerID": "containerd://abc"}]}
     request = pod_request(spec)
-    agent = pod_agent(topo_dual_socket_ht, tmp_path, cgroups)
+    agent = pod_agent(topo_dual_socket_ht, make_agent, cgroups)
     agent.admit(request.document, source="kubernetes")
     agent.place(request.workload, KubeletLayout(cgroups).paths(spec, request))
     alloc = agent.state.get(request.workload)
@@ -756,11 +751,10 @@ def test_the_extender_binds_only_for_a_client_certificate_off_loopback():
         server.shutdown()
 
 
-def test_a_kubelet_restarted_with_the_static_cpu_manager_is_a_conflict_in_status_and_metrics(
-        topo_dual_socket_ht, tmp_path):
+def test_a_kubelet_restarted_with_the_static_cpu_manager_is_a_conflict_in_status_and_metrics(topo_dual_socket_ht, tmp_path, make_agent):
     from agent.reporter.metrics import render
 
-    agent = pod_agent(topo_dual_socket_ht, tmp_path, RecordingCgroups())
+    agent = pod_agent(topo_dual_socket_ht, make_agent, RecordingCgroups())
     kubelet = tmp_path / "kubelet"
     kubelet.mkdir()
     node = KubeNodeAgent(agent, _NoApi(), "n1", kubelet_root=str(kubelet))

@@ -35,7 +35,7 @@ WRITERS = {
     "agent/bench/wakeup.py": "the PM QoS request (/dev/cpu_dma_latency) a benchmark holds",
     "agent/bench/netlab.py": "a benchmark process joins its own test cgroup",
     "agent/bench/memory_isolation.py": "the benchmark's data files (the working set and the stream it reads)",
-    "cluster/extender.py": "recorded scheduler bodies (--record-dir)",
+    "cluster/extender/server.py": "recorded scheduler bodies (--record-dir)",
     "kube/localplane.py": "a local control plane's own files (token list, kubeconfig, configs) in its temp dir",
     "cluster/scheduler/bench.py": "kube-scheduler's configuration for the benchmark, in the plane's temp dir",
     "agent/topology/capture.py": "a captured sysfs/procfs tree, in the operator's new directory (--capture)",

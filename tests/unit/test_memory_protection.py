@@ -13,7 +13,7 @@ from agent.qrm.model import Allocation, QoS, Tier
 from agent.qrm.policy import initial_state, pools
 from agent.reporter.pressure import PressureMeter
 from agent.services.eviction import default_watermark
-from tests.unit.test_capacity_api import make_agent
+from tests.unit.test_capacity_api import serving
 
 MIB = 1 << 20
 GIB = 1 << 30
@@ -48,8 +48,8 @@ def test_default_watermark_sits_between_the_kubelets_threshold_and_a_ceiling():
     assert default_watermark(1 * GIB) > 100 * MIB  # the kubelet evicts at memory.available<100Mi
 
 
-def admitted(tmp_path, **overrides):
-    agent = make_agent(tmp_path, **overrides)
+def admitted(make_agent, **overrides):
+    agent = serving(make_agent, **overrides)
     for name, tier, used in (("batch-low", "low", 600 * MIB), ("batch-low-small", "low", 50 * MIB),
                              ("batch-min", "min", 900 * MIB), ("batch-high", "high", 2 * GIB)):
         agent.admit({"name": name, "qos": "reclaimed_cores", "millicpu": 100, "tier": tier})
@@ -63,8 +63,8 @@ def evicted(agent):
     return [(e["name"], e["cause"]) for e in agent.evictions]
 
 
-def test_under_the_watermark_reclaimed_work_goes_at_once_by_tier_and_size(tmp_path):
-    agent = admitted(tmp_path, memory_evict_below=1 * GIB)
+def test_under_the_watermark_reclaimed_work_goes_at_once_by_tier_and_size(tmp_path, make_agent):
+    agent = admitted(make_agent, memory_evict_below=1 * GIB)
     try:
         agent.eviction.memory(10.0, available_bytes=1 * GIB, total_bytes=16 * GIB, pressure_percent=None)
         assert evicted(agent) == []  # at the watermark, not under it
@@ -81,8 +81,8 @@ def test_under_the_watermark_reclaimed_work_goes_at_once_by_tier_and_size(tmp_pa
         agent.shutdown()
 
 
-def test_the_shipped_watermark_is_the_default_one(tmp_path):
-    agent = admitted(tmp_path)  # no memory_evict_below: what `tidal agent` runs with
+def test_the_shipped_watermark_is_the_default_one(tmp_path, make_agent):
+    agent = admitted(make_agent)  # no memory_evict_below: what `tidal agent` runs with
     try:
         assert agent.eviction.watermark(16 * GIB) == default_watermark(16 * GIB)
         agent.eviction.memory(1.0, available_bytes=default_watermark(16 * GIB) + 1, total_bytes=16 * GIB,
@@ -95,8 +95,8 @@ def test_the_shipped_watermark_is_the_default_one(tmp_path):
         agent.shutdown()
 
 
-def test_online_memory_pressure_evicts_one_workload_per_grace_period(tmp_path):
-    agent = admitted(tmp_path, eviction_grace=5, memory_pressure_threshold=20)
+def test_online_memory_pressure_evicts_one_workload_per_grace_period(tmp_path, make_agent):
+    agent = admitted(make_agent, eviction_grace=5, memory_pressure_threshold=20)
     try:
         plenty = 8 * GIB
         agent.eviction.memory(10.0, plenty, 16 * GIB, pressure_percent=35.0)
@@ -119,8 +119,8 @@ def test_online_memory_pressure_evicts_one_workload_per_grace_period(tmp_path):
         agent.shutdown()
 
 
-def test_pressure_eviction_off_at_zero(tmp_path):
-    agent = admitted(tmp_path, eviction_grace=0, memory_pressure_threshold=0)
+def test_pressure_eviction_off_at_zero(tmp_path, make_agent):
+    agent = admitted(make_agent, eviction_grace=0, memory_pressure_threshold=0)
     try:
         for now in range(5):
             agent.eviction.memory(float(now), 8 * GIB, 16 * GIB, pressure_percent=100.0)

@@ -4,7 +4,7 @@
 import time
 
 from agent.services.memory_throttle import FLOOR, QUIET_PERIODS, STEP, MemoryThrottle
-from tests.unit.test_capacity_api import make_agent
+from tests.unit.test_capacity_api import serving
 
 MIB = 1 << 20
 GIB = 1 << 30
@@ -46,8 +46,8 @@ def test_off_at_zero():
     assert not throttle.on_pressure(100.0, 8 * GIB) and throttle.limit is None
 
 
-def throttled_agent(tmp_path, version):
-    agent = make_agent(tmp_path, memory_pressure_threshold=20.0)
+def throttled_agent(make_agent, version):
+    agent = serving(make_agent, memory_pressure_threshold=20.0)
     agent.estimator.window_s = 300.0  # the shipped window: the throttle's own estimate (now) sees the samples
     agent.driver.version = version
     agent.driver.memory[f"{agent.config.cgroup_base}/reclaimed"] = 6 * GIB
@@ -59,13 +59,13 @@ def throttled_agent(tmp_path, version):
     return agent
 
 
-def test_v2_throttles_memory_high_and_keeps_the_max(tmp_path):
-    agent = throttled_agent(tmp_path, 2)
+def test_v2_throttles_memory_high_and_keeps_the_max(tmp_path, make_agent):
+    agent = throttled_agent(make_agent, 2)
     try:
         cap, top, high = agent.harvest.limits()
         assert high is None and top >= 6 * GIB  # not throttled: the default memory.high (a share of the max)
         before = agent.capacity_doc()
-        assert agent.harvest.throttle_now(35.0)
+        assert agent.harvest.guard.throttle_now(35.0)
         cap, top_now, high = agent.harvest.limits()
         assert top_now == top and high == int(6 * GIB * 0.9) // MIB * MIB
         files = agent.driver.files[f"{agent.config.cgroup_base}/reclaimed"]  # written at once, not next period
@@ -75,36 +75,36 @@ def test_v2_throttles_memory_high_and_keeps_the_max(tmp_path):
         assert after["generation"] > before["generation"]  # offline schedulers hear of it at once
         status = agent.status()
         assert status["memory"]["offline_throttled_to_bytes"] == high and status["counters"]["pressure_throttles"] == 1
-        assert not agent.harvest.throttle_now(35.0)  # nothing shrank yet: no second cut
+        assert not agent.harvest.guard.throttle_now(35.0)  # nothing shrank yet: no second cut
     finally:
         agent.shutdown()
 
 
-def test_v1_throttles_the_reported_capacity_not_the_hard_limit(tmp_path):
+def test_v1_throttles_the_reported_capacity_not_the_hard_limit(tmp_path, make_agent):
     # v1 refuses (EBUSY) a hard limit under what the group holds when it cannot reclaim it
-    agent = throttled_agent(tmp_path, 1)
+    agent = throttled_agent(make_agent, 1)
     try:
         before = agent.capacity_doc()["reclaimed"]["memory_bytes"]
         limits = agent.harvest.limits()
-        assert agent.harvest.throttle_now(35.0)
+        assert agent.harvest.guard.throttle_now(35.0)
         assert agent.harvest.limits() == limits
         assert agent.capacity_doc()["reclaimed"]["memory_bytes"] <= agent.harvest.throttle.limit < before
     finally:
         agent.shutdown()
 
 
-def test_nothing_is_cut_once_the_agent_stops(tmp_path):
+def test_nothing_is_cut_once_the_agent_stops(tmp_path, make_agent):
     # the guard's writes after a stop would make the tree again after --revert removed it
     import threading
 
-    agent = throttled_agent(tmp_path, 2)
+    agent = throttled_agent(make_agent, 2)
     try:
         stop = threading.Event()
-        agent.harvest.start_guard(stop)
+        agent.harvest.guard.start(stop)
         stop.set()
         writes = len(agent.driver.ops)
-        assert not agent.harvest.throttle_now(35.0) and agent.harvest.throttle.limit is None
-        agent.harvest.shrink_now(10_000)
+        assert not agent.harvest.guard.throttle_now(35.0) and agent.harvest.throttle.limit is None
+        agent.harvest.guard.shrink_now(10_000)
         assert len(agent.driver.ops) == writes and agent.counters["fast_shrinks"] == 0
     finally:
         agent.shutdown()

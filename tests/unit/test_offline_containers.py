@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import signal
 
-from agent.daemon import Agent, AgentConfig
 from agent.isolation.cgroups.recording import RecordingCgroups
 from agent.services.offline_containers import OfflineContainers, container_of, workload_name
 from agent.topology.synthetic import Shape, build_topology
@@ -24,18 +23,18 @@ def fake_proc(root, pid, environ, started=100):
     (root / str(pid) / "stat").write_text(f"{pid} (java) S 1 " + " ".join(["0"] * 17) + f" {started} 0 0\n")
 
 
-def agent_with_nodemanager(tmp_path, **config):
+def agent_with_nodemanager(make_agent, **config):
+    """An agent told of a NodeManager in its own cgroup (--offline-cgroup, --yarn-nodemanager-cgroup)."""
     driver = RecordingCgroups()
-    agent = Agent(AgentConfig(socket_path=str(tmp_path / "a.sock"), state_dir=str(tmp_path / "s"), reserved_cpus=(0,),
-                              offline_cgroups=(NM,), yarn_nodemanager_cgroups=(NM,), resize=False, **config),
-                  echo=lambda line: None, driver=driver, topology=TOPO)
-    agent.start()
+    agent = make_agent(TOPO, driver=driver, reserved_cpus=(0,), resize=False, offline_cgroups=(NM,),
+                       yarn_nodemanager_cgroups=(NM,), extra=("offline_cgroups", "yarn_nodemanager_cgroups", *config),
+                       **config)
     driver.create(NM)
     return agent, driver
 
 
-def test_containers_move_to_the_reclaimed_tree_and_the_nodemanager_stays(tmp_path):
-    agent, driver = agent_with_nodemanager(tmp_path)
+def test_containers_move_to_the_reclaimed_tree_and_the_nodemanager_stays(tmp_path, make_agent):
+    agent, driver = agent_with_nodemanager(make_agent)
     proc = tmp_path / "proc"
     fake_proc(proc, 500, {"PATH": "/usr/bin", "HADOOP_HOME": "/opt"})  # the NodeManager
     fake_proc(proc, 600, {"CONTAINER_ID": "container_1_0001_01_000001", "PATH": "/usr/bin"})  # the AM
@@ -73,8 +72,8 @@ def test_containers_move_to_the_reclaimed_tree_and_the_nodemanager_stays(tmp_pat
         agent.shutdown()
 
 
-def test_a_container_with_no_room_is_killed_once_and_counted(tmp_path):
-    agent, driver = agent_with_nodemanager(tmp_path)
+def test_a_container_with_no_room_is_killed_once_and_counted(tmp_path, make_agent):
+    agent, driver = agent_with_nodemanager(make_agent)
     proc = tmp_path / "proc"
     fake_proc(proc, 700, {"CONTAINER_ID": "container_1_0002_01_000001"})
     driver.move(NM, 700)

@@ -4,7 +4,6 @@ demand, and online pods' memory is protected where their pages are charged, with
 Found on the real node tier: a reclaimed pod alone on the node got 0.34-0.57 of the one free cpu,
 because its own use was counted as online and shrank the capacity it ran on, period after period."""
 
-from agent.daemon import Agent, AgentConfig
 from agent.isolation.cgroups.recording import RecordingCgroups
 from agent.qrm.model import KUBERNETES
 from agent.reporter.usage import UsageSample
@@ -30,13 +29,10 @@ class NodeSampler:
         pass
 
 
-def pod_agent(tmp_path, version):
+def pod_agent(make_agent, version):
     features = {"cpu.idle": True, "memory": True, "memory_protection": version == 2}
     driver = RecordingCgroups(version=version, features=features)
-    config = AgentConfig(socket_path=str(tmp_path / "a.sock"), state_dir=str(tmp_path / "state"), empty_grace=3600,
-                         memory_reserved_bytes=0)
-    agent = Agent(config, echo=lambda line: None, driver=driver, topology=TOPO)
-    agent.start()
+    agent = make_agent(TOPO, driver=driver, empty_grace=3600, memory_reserved_bytes=0)
     agent.sampler = NodeSampler()
     for name, doc, paths in (("pod/batch", {"qos": "reclaimed_cores", "millicpu": 100, "tier": "low"}, BATCH),
                              ("pod/db", {"qos": "dedicated_cores", "cpus": 2}, DB),
@@ -48,8 +44,8 @@ def pod_agent(tmp_path, version):
     return agent, driver
 
 
-def test_reclaimed_and_dedicated_pods_use_is_not_online_demand(tmp_path):
-    agent, driver = pod_agent(tmp_path, version=1)
+def test_reclaimed_and_dedicated_pods_use_is_not_online_demand(tmp_path, make_agent):
+    agent, driver = pod_agent(make_agent, version=1)
     try:
         usage = {BATCH[0]: 0, DB[0]: 0}
         driver.usage.update(usage)
@@ -74,8 +70,8 @@ def test_reclaimed_and_dedicated_pods_use_is_not_online_demand(tmp_path):
         agent.shutdown()
 
 
-def test_online_pods_memory_is_protected_down_to_their_containers_and_up_to_kubepods(tmp_path):
-    agent, driver = pod_agent(tmp_path, version=2)
+def test_online_pods_memory_is_protected_down_to_their_containers_and_up_to_kubepods(tmp_path, make_agent):
+    agent, driver = pod_agent(make_agent, version=2)
     try:
         driver.memory.update({API[1]: 100 * MIB, API[2]: 10 * MIB, DB[1]: 300 * MIB, BATCH[1]: GIB,
                               "tidal/system": 5 * MIB})
@@ -100,8 +96,8 @@ def test_online_pods_memory_is_protected_down_to_their_containers_and_up_to_kube
         agent.shutdown()
 
 
-def test_v1_writes_no_protection_and_the_reclaimed_pod_goes_first_under_pressure(tmp_path):
-    agent, driver = pod_agent(tmp_path, version=1)
+def test_v1_writes_no_protection_and_the_reclaimed_pod_goes_first_under_pressure(tmp_path, make_agent):
+    agent, driver = pod_agent(make_agent, version=1)
     try:
         driver.memory.update({API[1]: 100 * MIB})
         driver.create("kubepods")
@@ -113,17 +109,14 @@ def test_v1_writes_no_protection_and_the_reclaimed_pod_goes_first_under_pressure
         agent.shutdown()
 
 
-def test_the_nri_plugins_answer_for_a_pod_is_what_the_reconciler_writes(tmp_path):
+def test_the_nri_plugins_answer_for_a_pod_is_what_the_reconciler_writes(make_agent):
     """The plugin used to send a reclaimed pod's request-derived shares while the Reconciler wrote
     cpu.shares=2 (kernels without cpu.idle): the two flip-flopped the value. Now the answer is the
     Reconciler's own, on either kernel."""
     for version, idle in ((1, True), (1, False), (2, True)):
         features = {"cpu.idle": idle, "memory": True, "memory_protection": version == 2}
         driver = RecordingCgroups(version=version, features=features)
-        config = AgentConfig(socket_path=str(tmp_path / f"n{version}{idle}.sock"),
-                             state_dir=str(tmp_path / f"n{version}{idle}"), empty_grace=3600)
-        agent = Agent(config, echo=lambda line: None, driver=driver, topology=TOPO)
-        agent.start()
+        agent = make_agent(TOPO, driver=driver, name=f"n{version}{idle}", empty_grace=3600)
         try:
             for name, doc, paths in (("pod/batch", {"qos": "reclaimed_cores", "millicpu": 500}, BATCH),
                                      ("pod/api", {"qos": "shared_cores", "millicpu": 500}, API)):

@@ -16,7 +16,6 @@ from pathlib import Path
 
 import pytest
 
-from agent.daemon import Agent, AgentConfig
 from agent.isolation.cgroups.recording import RecordingCgroups
 from agent.topology import HostFS, discover
 from agent.topology.synthetic import Shape, write_tree
@@ -36,7 +35,7 @@ def test_every_release_has_a_fixture():
 
 
 @pytest.mark.parametrize("release", RELEASES)
-def test_this_agent_reads_what_a_released_agent_left_and_keeps_every_workload(tmp_path, release):
+def test_this_agent_reads_what_a_released_agent_left_and_keeps_every_workload(tmp_path, release, make_agent):
     write_tree(str(tmp_path / "root"), Shape(**SHAPE))
     topo = discover(HostFS(str(tmp_path / "root")))
     (tmp_path / "state").mkdir(mode=0o700)
@@ -45,9 +44,7 @@ def test_this_agent_reads_what_a_released_agent_left_and_keeps_every_workload(tm
     assert set(left) == {w["name"] for w in WORKLOADS}
     lines = []
     driver = RecordingCgroups()
-    agent = Agent(AgentConfig(socket_path=str(tmp_path / "a.sock"), state_dir=str(tmp_path / "state"),
-                              memory_reserved_bytes=0), echo=lines.append, driver=driver, topology=topo)
-    agent.start()
+    agent = make_agent(topo, driver=driver, echo=lines.append, state="state", memory_reserved_bytes=0)
     try:
         assert not [line for line in lines if "warning" in line], lines  # no checkpoint set aside
         kept = {a.name: a for a in agent.state.allocations}

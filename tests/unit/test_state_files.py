@@ -16,7 +16,6 @@ import os
 
 import pytest
 
-from agent.daemon import Agent, AgentConfig
 from agent.isolation.cgroups.recording import RecordingCgroups
 from agent.qrm.model import Allocation, QoS
 from agent.qrm.policy import State
@@ -33,19 +32,17 @@ def topo(tmp_path_factory):
     return discover(HostFS(str(root)))
 
 
-def boot(tmp_path, topo, driver, lines):
-    agent = Agent(AgentConfig(state_dir=str(tmp_path / "state"), socket_path=str(tmp_path / "t.sock"),
-                              reserved_cpus=(0,)), echo=lines.append, driver=driver, topology=topo)
-    agent.start()
-    return agent
+def boot(make_agent, topo, driver, lines):
+    """An agent on the state directory ``state`` (each boot of a test is a restart of the one before)."""
+    return make_agent(topo, driver=driver, echo=lines.append, state="state", reserved_cpus=(0,))
 
 
-def first_run(tmp_path, topo):
+def first_run(tmp_path, topo, make_agent):
     """Workloads with processes, a lent node, a history and saved originals: every file written."""
     driver = RecordingCgroups()
     driver.create("kubepods")
     driver.write("cpuset", "kubepods", "cpuset.cpus", "0-3")
-    agent = boot(tmp_path, topo, driver, [])
+    agent = boot(make_agent, topo, driver, [])
     agent.admit({"name": "db", "qos": "dedicated_cores", "cpus": 1})
     agent.admit({"name": "batch", "qos": "reclaimed_cores", "millicpu": 100})
     agent.admit({"name": "pod/u1", "qos": "shared_cores", "millicpu": 100}, source="kubernetes")
@@ -97,15 +94,15 @@ CASES = [
     "cp-list", "cp-truncated", "cp-binary", "cp-deleted", "cp-checksummed-overlap", "cp-checksummed-escape",
     "cp-checksummed-foreign-cpu", "cp-5000-digits", "cp-nested", "node-list", "node-deadline-word", "node-truncated", "node-infinite",
     "history-list", "history-hours-list", "history-infinite", "history-nested", "originals-list", "originals-short-row"])
-def test_a_damaged_state_file_is_kept_aside_and_the_agent_carries_on(tmp_path, topo, name, content, outcome):
-    driver = first_run(tmp_path, topo)
+def test_a_damaged_state_file_is_kept_aside_and_the_agent_carries_on(tmp_path, topo, name, content, outcome, make_agent):
+    driver = first_run(tmp_path, topo, make_agent)
     path = tmp_path / "state" / name
     if content is None:
         path.unlink()
     else:
         path.write_bytes(content(topo) if callable(content) else content)
     lines = []
-    agent = boot(tmp_path, topo, driver, lines)
+    agent = boot(make_agent, topo, driver, lines)
     try:
         warnings = [line for line in lines if "warning" in line]
         assert len(warnings) == 1 and name in warnings[0], lines
@@ -138,8 +135,8 @@ def test_a_damaged_state_file_is_kept_aside_and_the_agent_carries_on(tmp_path, t
 
 @pytest.mark.parametrize("name", ["checkpoint.json", "node.json", "history.json", "originals.json"])
 @pytest.mark.parametrize("kind", ["fifo", "directory", "symlink"])
-def test_a_state_file_that_is_not_a_regular_file_is_kept_aside_and_the_agent_starts(tmp_path, topo, name, kind):
-    driver = first_run(tmp_path, topo)
+def test_a_state_file_that_is_not_a_regular_file_is_kept_aside_and_the_agent_starts(tmp_path, topo, name, kind, make_agent):
+    driver = first_run(tmp_path, topo, make_agent)
     path = tmp_path / "state" / name
     path.unlink()
     if kind == "fifo":
@@ -150,7 +147,7 @@ def test_a_state_file_that_is_not_a_regular_file_is_kept_aside_and_the_agent_sta
     else:
         path.symlink_to("/etc/shadow")
     lines = []
-    agent = boot(tmp_path, topo, driver, lines)
+    agent = boot(make_agent, topo, driver, lines)
     try:
         warnings = [line for line in lines if "warning" in line]
         assert len(warnings) == 1 and name in warnings[0] and "not a regular file" in warnings[0], lines

@@ -1,22 +1,6 @@
-"""A kube-scheduler HTTP extender: NUMA-aware filter and score from the nodes' topology reports.
-
-Verbs (JSON over HTTP, the scheduler's ``extender/v1`` types):
-
-* ``POST /filter``: ``ExtenderArgs`` (``nodeCacheCapable``: ``NodeNames``) ->
-  ``ExtenderFilterResult``. A NUMA-bound dedicated pod passes only nodes whose
-  fresh report has one NUMA zone with its cpu, memory and GPUs; a node with no
-  report, or a report older than ``stale_after``, is unknown and fails for
-  such pods (it is not trusted) while other pods pass it (the scheduler's own
-  fit plugins still check totals). Nodes being lent take no online pods.
-* ``POST /prioritize``: ``HostPriorityList`` with scores 0-10 (pack or spread).
-* ``POST /bind``: binds the pod (``Binding``) and reserves what it takes in
-  the extender's view until that node's report lists the pod (attribute
-  ``tidal.io/pods``), so pods scheduled in a burst do not all see the same
-  free zone.
-
-Reports come from a watch on NodeResourceTopology objects (list, then watch
-from its resourceVersion; relist on 410 Gone or any error, with backoff).
-"""
+"""The extender's cache: every node's report, a placement view over them, the pods bound but not yet
+reported, and the verbs' answers (filter verdicts, scores), kept and reused while nothing they depend on
+moved."""
 
 from __future__ import annotations
 
@@ -26,18 +10,12 @@ import logging
 import re
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from kube import timeouts
-from kube.crd import check_crd
-from kube.listwatch import list_watch
-from contracts.nrt import GROUP, PLURAL, VERSION
-from contracts.nrt import decode as to_report
 from contracts.pods import pod_request
-from cluster.placement.model import NodeReport, PlacementError, PodSpec
+from cluster.placement.model import NodeReport, PodSpec
 from cluster.placement.placer import Placer
 from cluster.placement.view import ClusterView
 
@@ -47,13 +25,9 @@ MAX_EXTENDER_PRIORITY = 10
 # escaping either), never by a character that may itself need escaping (a name with a newline in it
 # once made the answer invalid JSON)
 _PLAIN = re.compile(r"[A-Za-z0-9._,-]+\Z")
-MAX_BODY = 32 << 20  # 5,000 node names are ~100 KB; whole Node objects (not nodeCacheCapable) a few MB
 # JSON values a body may hold (counted before decoding: each is a Python object of ~60 bytes, so a 31 MiB
 # body of small arrays once took 657 MB); 1,000,000 holds ~3,000 whole Node objects, any number of names
 MAX_VALUES = 1_000_000
-MAX_INFLIGHT = 2  # bodies read and decoded at once; more wait up to INFLIGHT_WAIT s, then get 503
-INFLIGHT_WAIT = 2.0
-IO_TIMEOUT = 10.0
 _KEPT = 16  # candidate lists, answers and fits kept per kind (a scheduler cycles through a few pod shapes)
 _PLACEHOLDER_VALUE = "\u0000tidal-known-names"  # no scheduler sends a string as NodeNames
 _PLACEHOLDER = json.dumps(_PLACEHOLDER_VALUE).encode()
@@ -419,208 +393,6 @@ def _why(spec: PodSpec) -> str:
     if spec.kind == "reclaimed":
         return "not enough reclaimed capacity, or the node is in a lending transition"
     return "not enough free cpu/memory for online pods, or the node is lent"
-
-
-class NrtWatcher(threading.Thread):
-    """Feeds a TopologyCache from NodeResourceTopology objects (list + watch, relist on error)."""
-
-    def __init__(self, cache: TopologyCache, api_client, stop: threading.Event) -> None:
-        super().__init__(name="nrt-watch", daemon=True)
-        self.cache, self.stop = cache, stop
-        from kubernetes import client
-
-        self.api = client.CustomObjectsApi(api_client)
-        self.synced = threading.Event()
-
-    def check_crd(self) -> None:
-        """Fail at start, with one line, when the CRD is not installed."""
-        check_crd(self.api, PlacementError)
-
-    def _ingest(self, obj: Dict[str, Any]) -> None:
-        try:
-            self.cache.put(to_report(obj))
-        except PlacementError as exc:
-            log.warning("ignoring a report: %s", exc)
-
-    def run(self) -> None:
-        list_watch(self.api.list_cluster_custom_object, GROUP, VERSION, PLURAL, on_list=self._on_list,
-                   on_event=self._on_event, stop=self.stop, what="NRT watch", timeout_seconds=60)
-
-    def _on_list(self, objects) -> None:
-        names = set()
-        for obj in objects:
-            self._ingest(obj)
-            names.add((obj.get("metadata") or {}).get("name"))
-        for name in [n for n in list(self.cache.reports) if n not in names]:
-            self.cache.remove(name)  # deleted while the watch was down
-        self.synced.set()
-
-    def _on_event(self, kind: str, obj) -> None:
-        if kind == "DELETED":
-            self.cache.remove(obj["metadata"]["name"])
-        elif kind in ("ADDED", "MODIFIED"):
-            self._ingest(obj)
-
-
-def _binder(api_client):
-    from kubernetes import client
-
-    core = client.CoreV1Api(api_client)
-
-    def bind(namespace: str, name: str, uid: str, node: str) -> None:
-        body = client.V1Binding(metadata=client.V1ObjectMeta(name=name, uid=uid),
-                                target=client.V1ObjectReference(kind="Node", name=node, api_version="v1"))
-        # the generated client cannot parse the empty Status the API answers: take it raw
-        core.create_namespaced_binding(namespace, body, _preload_content=False, _request_timeout=timeouts.CALL)
-
-    def pod(namespace: str, name: str) -> Dict[str, Any]:
-        return api_client.sanitize_for_serialization(core.read_namespaced_pod(name, namespace,
-                                                                           _request_timeout=timeouts.CALL))
-
-    return bind, pod
-
-
-def serve(cache: TopologyCache, port: int, host: str = "127.0.0.1", api_client=None,
-          record_dir: Optional[str] = None, handler_times: Optional[List[Tuple[str, float]]] = None,
-          binding: Optional[Tuple[Callable[[str, str, str, str], None], Callable[[str, str], Dict[str, Any]]]] = None,
-          tls: Optional["ssl.SSLContext"] = None, bind_needs_certificate: bool = False) -> ThreadingHTTPServer:
-    """``bind_needs_certificate``: /bind only from a caller with a verified client certificate (the extender
-    listens beyond loopback); filter and prioritize change nothing and answer anyone who reaches them.
-    ``binding``: (bind(namespace, name, uid, node), read_pod(namespace, name)) in place of the API's
-    (benchmarks bind without an API server); ``handler_times``: collects (path, ms inside) per call;
-    ``tls``: serve HTTPS with this server context (``tls_context``: client certificates required
-    when it was given a CA), the handshake done on the connection's own thread."""
-    bind, read_pod = binding or (_binder(api_client) if api_client is not None else (None, None))
-    inflight = threading.BoundedSemaphore(MAX_INFLIGHT)
-
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-        disable_nagle_algorithm = True
-        timeout = IO_TIMEOUT  # headers and body must keep coming; a silent client is dropped
-
-        def setup(self) -> None:
-            if tls is not None:
-                self.request.settimeout(IO_TIMEOUT)
-                self.request.do_handshake()  # here, not in the accept loop: a slow client holds only itself
-            super().setup()
-
-        def _refuse(self) -> None:
-            self.close_connection = True
-            self._send(405, {"Error": f"method {self.command} is not allowed (POST)"})
-
-        do_GET = do_PUT = do_PATCH = do_DELETE = do_HEAD = do_OPTIONS = _refuse
-
-        def send_error(self, code: int, message: Optional[str] = None, explain: Optional[str] = None) -> None:
-            """The server's own errors (bad request line, headers too long) as JSON, never HTML."""
-            self.close_connection = True
-            try:
-                self._send(code, {"Error": message or self.responses.get(code, ("error",))[0]})
-            except OSError:
-                pass
-
-        def log_message(self, *args) -> None:  # quiet: the scheduler calls several times per pod
-            pass
-
-        def _send(self, code: int, body: Any) -> None:
-            """Status line, headers and body in one write (one syscall, nothing for Nagle to hold)."""
-            data = body if isinstance(body, bytes) else json.dumps(body).encode()
-            timing = ""
-            if getattr(self, "_started", None) is not None:  # time spent in the extender, for operators
-                spent = (time.perf_counter() - self._started) * 1000
-                timing = f"X-Tidal-Handler-Ms: {spent:.3f}\r\n"
-                if handler_times is not None:
-                    handler_times.append((self.path, spent))
-            head = (f"HTTP/1.1 {code} {self.responses.get(code, ('',))[0]}\r\nContent-Type: application/json\r\n"
-                    f"{timing}Content-Length: {len(data)}\r\n\r\n")
-            self.wfile.write(head.encode() + data)
-
-        def do_POST(self) -> None:
-            if not inflight.acquire(timeout=INFLIGHT_WAIT):
-                self.close_connection = True
-                return self._send(503, {"Error": f"more than {MAX_INFLIGHT} requests at once; try again"})
-            try:
-                return self._post()
-            finally:
-                inflight.release()
-
-        def _post(self) -> None:
-            self._started = time.perf_counter()
-            try:
-                length = int(self.headers.get("Content-Length") or 0)
-            except ValueError:
-                return self._send(400, {"Error": "malformed request: bad Content-Length"})
-            if not 0 <= length <= MAX_BODY:
-                self.close_connection = True
-                return self._send(413, {"Error": f"request body of {length} bytes; at most {MAX_BODY}"})
-            try:
-                raw = self.rfile.read(length) or b"{}"
-            except TimeoutError:
-                self.close_connection = True
-                return self._send(408, {"Error": f"the body did not arrive within {IO_TIMEOUT:g} s"})
-            try:
-                args, names = cache.read_args(raw)
-                if not isinstance(args.get("Pod") or {}, dict):
-                    raise ValueError("Pod must be an object")
-            except (ValueError, TypeError, RecursionError) as exc:  # RecursionError: nesting too deep
-                return self._send(400, {"Error": f"malformed request: {str(exc)[:200]}"})
-            if record_dir:  # keep the scheduler's bodies (test fixtures are recorded this way)
-                import os
-
-                verb = self.path.rstrip("/").rsplit("/", 1)[-1]
-                with open(os.path.join(record_dir, f"{verb}-{time.time_ns()}.json"), "wb") as handle:
-                    handle.write(raw)
-            try:
-                if self.path.rstrip("/").endswith("/filter"):
-                    self._send(200, cache.filter_json(args.get("Pod") or {}, names))
-                    try:  # while the scheduler reads; the answer is out, so nothing more may be sent
-                        cache.prepare_prioritize(args.get("Pod") or {})
-                    except Exception:  # noqa: BLE001 - prioritize will compute it when asked
-                        log.exception("extender: preparing prioritize")
-                    return None
-                if self.path.rstrip("/").endswith("/prioritize"):
-                    return self._send(200, cache.prioritize_json(args.get("Pod") or {}, names))
-                if self.path.rstrip("/").endswith("/bind"):
-                    if bind_needs_certificate and not (tls is not None and self.request.getpeercert()):
-                        return self._send(403, {"Error": "bind needs a client certificate (kube-scheduler's "
-                                                         "extender tlsConfig) off loopback"})
-                    if bind is None:
-                        return self._send(200, {"Error": "this extender was started without API access"})
-                    namespace, name, node = args.get("PodNamespace"), args.get("PodName"), args.get("Node")
-                    bind(namespace, name, args.get("PodUID"), node)
-                    spec = pod_spec(read_pod(namespace, name))
-                    if spec is not None:
-                        cache.reserve(node, spec, args.get("PodUID") or "")
-                    return self._send(200, {"Error": ""})
-                return self._send(404, {"Error": f"unknown verb {self.path}"})
-            except Exception as exc:  # noqa: BLE001 - answer the scheduler rather than hang it
-                log.exception("extender %s", self.path)
-                return self._send(200, {"Error": str(exc)})
-
-    server = ThreadingHTTPServer((host, port), Handler)
-    server.daemon_threads = True
-    if tls is not None:
-        server.socket = tls.wrap_socket(server.socket, server_side=True, do_handshake_on_connect=False)
-    threading.Thread(target=server.serve_forever, name="extender-http", daemon=True).start()
-    return server
-
-
-def tls_context(cert: str, key: str, client_ca: Optional[str]) -> "ssl.SSLContext":
-    """The extender's HTTPS: its certificate, and with ``client_ca`` a client certificate signed by
-    that CA required of every caller (kube-scheduler's extender ``tlsConfig.certFile/keyFile``)."""
-    import ssl
-
-    from contracts.errors import TidalError
-
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    context.minimum_version = ssl.TLSVersion.TLSv1_2
-    try:
-        context.load_cert_chain(cert, key)
-        if client_ca:
-            context.load_verify_locations(client_ca)
-            context.verify_mode = ssl.CERT_REQUIRED
-    except (OSError, ssl.SSLError) as exc:
-        raise TidalError(f"extender TLS: {exc}") from None
-    return context
 
 
 def _node_stub(obj: Dict[str, Any]) -> Dict[str, Any]:
