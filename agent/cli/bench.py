@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Optional
+from typing import Optional, Tuple
 
 import click
 
@@ -124,13 +124,14 @@ def bench_extender(nodes: int, calls: int, client: str, as_json: bool) -> None:
               help="Pods created a second in stream mode (default: as fast as the API server takes them).")
 @click.option("--numa-share", default=0.1, show_default=True, type=FiniteRange(0, 1),
               help="Share of the pods that are dedicated and NUMA-bound (2 cpus, 2 GiB in one zone).")
-@click.option("--shards", default=1, show_default=True, type=click.IntRange(1, 64),
-              help="Tidal scheduler instances (--shards of tidal cluster scheduler).")
+@click.option("--shards", "shards", multiple=True, type=click.IntRange(1, 64),
+              help="Tidal scheduler instances (--shards of tidal cluster scheduler); repeat it to run Tidal once per "
+                   "count, side by side (default: 1).")
 @click.option("--only", "only", default=None, type=click.Choice(["kube-scheduler", "tidal"]),
               help="Run one scheduler only.")
 @ROOT_DIR_OPTION
 @click.option("--json", "as_json", is_flag=True, help="JSON output (always JSON; progress on stderr).")
-def bench_scheduler(nodes: int, pods: int, mode: str, rate, numa_share: float, shards: int, only, shapes_dir,
+def bench_scheduler(nodes: int, pods: int, mode: str, rate, numa_share: float, shards: Tuple[int, ...], only, shapes_dir,
                     as_json: bool) -> None:
     """kube-scheduler and Tidal's scheduler on one API server with N KWOK nodes: pods/s, latency, cpu."""
     from agent.bench.fleet import shapes as fleet_shapes
@@ -139,7 +140,7 @@ def bench_scheduler(nodes: int, pods: int, mode: str, rate, numa_share: float, s
 
     roots = _captured_trees(shapes_dir)
     try:
-        result = bench.run(fleet_shapes(roots), nodes, pods, mode, rate, numa_share, shards,
+        result = bench.run(fleet_shapes(roots), nodes, pods, mode, rate, numa_share, shards or (1,),
                            (only,) if only else ("kube-scheduler", "tidal"),
                            progress=lambda line: click.echo(f"tidal bench scheduler: {line}", err=True))
     except (RuntimeError, TimeoutError, ApiError) as exc:

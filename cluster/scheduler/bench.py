@@ -281,13 +281,15 @@ def tidal_phase(plane, shards: int = 1, extra: Sequence[str] = ()) -> Phase:
         # fleet was made; the shipped 120 s would distrust every report of a long run
         argv = [sys.executable, "-m", "agent.cli", "cluster", "scheduler", f"--kubeconfig={plane.kubeconfig()}",
                 "--no-leader-elect", "--metrics-port=0", f"--shards={shards}", "--stale-after=86400", *extra]
-        return plane._spawn("tidal-scheduler", argv)
+        return plane._spawn(name, argv)
 
-    return Phase("tidal-scheduler", start, TIDAL)
+    # the name tags the phase's pods: each shard count its own
+    name = "tidal-scheduler" if shards == 1 else f"tidal{shards}-scheduler"
+    return Phase(name, start, TIDAL)
 
 
 def run(shapes: Sequence[Dict], nodes: int, pods: int, mode: str = "backlog", rate: Optional[float] = None,
-        numa_share: float = 0.1, shards: int = 1, schedulers: Sequence[str] = ("kube-scheduler", "tidal"),
+        numa_share: float = 0.1, shards: Sequence[int] = (1,), schedulers: Sequence[str] = ("kube-scheduler", "tidal"),
         progress: Callable[[str], None] = lambda _: None, timeout: Optional[float] = None) -> Dict:
     from kube.localplane import ControlPlane, testbin
     from cluster.scheduler.fleet import kwok_binary
@@ -313,12 +315,18 @@ def run(shapes: Sequence[Dict], nodes: int, pods: int, mode: str = "backlog", ra
         out: Dict = {"nodes": nodes, "pods": pods, "mode": mode, "rate": rate, "numa_share": numa_share,
                      "shapes": [s["name"] for s in shapes], "node_creation_s": round(made_s, 1),
                      "machine": {"cpus": os.cpu_count()}, "results": {}}
-        phases = {"kube-scheduler": lambda: kube_scheduler_phase(plane),
-                  "tidal": lambda: tidal_phase(plane, shards)}
+        phases = []
         for name in schedulers:
-            phase = phases[name]()
+            if name == "kube-scheduler":
+                phases.append((name, kube_scheduler_phase(plane), None))
+            else:  # one run per shard count asked, side by side (the first is "tidal")
+                for i, count in enumerate(shards):
+                    phases.append(("tidal" if i == 0 else f"tidal-shards-{count}", tidal_phase(plane, count), count))
+        for name, phase, count in phases:
             out["results"][name] = run_phase(plane, fleet, phase, pods, numa_share, mode, rate, reports, progress,
                                              timeout or max(300.0, pods / 20))
+            if count is not None:
+                out["results"][name]["shards"] = count
         got = out["results"]
         if "kube-scheduler" in got and "tidal" in got and got["kube-scheduler"].get("pods_per_s"):
             out["ratio"] = round(got["tidal"].get("pods_per_s", 0) / got["kube-scheduler"]["pods_per_s"], 2)
