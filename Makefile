@@ -12,10 +12,11 @@ PYTEST_ARGS ?=
 
 PREFIX ?= /opt/tidal
 UNIT_DIR ?= /etc/systemd/system
+BIN_DIR ?= /usr/local/bin
 CONFIG_DIR ?= /etc/tidal
 COMPLETION_DIR ?= /usr/share/bash-completion/completions
 
-.PHONY: all install deps test docs dist helm kwok manifests test-cgroup2 bench-hierarchies run bench clean clean-test-leftovers k8s-testbin nrt-scheduler yarn-testbin node-testbin image
+.PHONY: all install deps test docs dist helm kwok manifests test-cgroup2 test-systemd bench-hierarchies run bench clean clean-test-leftovers k8s-testbin nrt-scheduler yarn-testbin node-testbin image
 
 all: test
 
@@ -24,11 +25,13 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[test]'
 	@touch $@
 
-# A system-wide install with the systemd unit (root): a venv in $(PREFIX), the unit in $(UNIT_DIR),
+# A system-wide install with the systemd unit (root): a venv in $(PREFIX), `tidal` in $(BIN_DIR), the unit in $(UNIT_DIR),
 # its configuration in $(CONFIG_DIR)/agent.yaml (kept if there).
 install:
 	$(PYTHON) -m venv $(PREFIX)/venv
 	$(PREFIX)/venv/bin/pip install --quiet --disable-pip-version-check .
+	@# the CLI on PATH (`tidal status` right after the install; make test-systemd runs it so)
+	mkdir -p $(BIN_DIR) && ln -sf $(PREFIX)/venv/bin/tidal $(BIN_DIR)/tidal
 	install -D -m 0644 systemd/tidal.service $(UNIT_DIR)/tidal.service
 	@# the operator's configuration is kept: the shipped one is written only where none exists
 	[ -e $(CONFIG_DIR)/agent.yaml ] || install -D -m 0644 systemd/agent.yaml $(CONFIG_DIR)/agent.yaml
@@ -50,6 +53,11 @@ test: deps $(STAMP)
 # virtme-ng are cached outside the repository; see scripts/cgroup2-vm.sh)
 test-cgroup2: deps $(STAMP)
 	sh scripts/cgroup2-vm.sh
+
+# the shipped unit under systemd as PID 1 on pure cgroup v2, in a qemu VM (root): make install there and
+# tests/systemd drive it with systemctl (scripts/systemd-vm.sh; the image and wheels cached outside the repository)
+test-systemd: deps $(STAMP)
+	sh scripts/systemd-vm.sh
 
 # the cpu benchmarks on this host's hierarchy and on pure cgroup v2 in the same VM, side by side (root)
 bench-hierarchies: deps $(STAMP)

@@ -76,6 +76,24 @@ def kubelet_pod_of_self(proc_cgroup: str = "/proc/self/cgroup") -> Optional[str]
     return None
 
 
+def systemd_unit_of_self(proc_cgroup: str = "/proc/self/cgroup", pid1: str = "/proc/1/comm") -> Optional[str]:
+    """The systemd service or scope whose cgroup this process runs in (cgroup v2's path, e.g.
+    ``/system.slice/tidal.service``), where systemd is PID 1; else None."""
+    try:
+        with open(pid1) as handle:
+            if handle.read().strip() != "systemd":
+                return None
+        with open(proc_cgroup) as handle:
+            lines = handle.read().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        if line.startswith("0::"):
+            path = line[3:]
+            return path if path.rsplit("/", 1)[-1].endswith((".service", ".scope")) else None
+    return None
+
+
 @dataclass(frozen=True)
 class AgentConfig:
     root: str = "/"
@@ -309,10 +327,20 @@ class Agent:
         if cfg.net is not None:
             self._start_net()
         in_pod = kubelet_pod_of_self()
+        # with its tree under its own cgroup (--cgroup-parent self) the agent settled inside it already
+        unit = systemd_unit_of_self() if cfg.cgroup_parent == "/" and self.driver.version == 2 else None
         if cfg.confine_self and in_pod:
             # a DaemonSet pod: leaving the pod's cgroups would take the agent out of its limits and out of
             # the kubelet's accounting; the pod is placed like any other (deploy/ annotates it system_cores)
             self.echo(f"tidal agent: in the kubelet's pod cgroup {in_pod}: staying there (its pod sets its cpus)")
+        elif cfg.confine_self and not cfg.cgroups_in_memory and owner.pools().reserved and unit:
+            # a systemd service (the shipped unit): leaving its cgroup would take the agent out of the unit's
+            # MemoryMax= and systemd's accounting (make test-systemd found it in <base>/system, the unit's
+            # limit over nothing); it stays, on the reserved cpus by affinity, every thread
+            cpus = set(owner.pools().reserved)
+            self.enforcement.membership.pin_self(cpus)
+            self.echo(f"tidal agent: in systemd's {unit}: staying there (its limits and accounting); "
+                      f"on the reserved cpus {format_cpulist(cpus)} by affinity")
         elif cfg.confine_self and not cfg.cgroups_in_memory and owner.pools().reserved:
             try:
                 self.enforcement.membership.attach(f"{cfg.cgroup_base}/system", os.getpid())

@@ -9,9 +9,7 @@
 # Everything comes from the project's own lists: Debian packages
 # (scripts/vm-debian-packages.txt), virtme-ng pinned below (its own venv in the
 # cache), and the kernel: Debian's linux-image-amd64 from bookworm-backports
-# (6.12: cpuset partitions under a non-partition parent need Linux >= 6.7),
-# fetched with apt (signatures checked by apt) into a private apt state, unpacked
-# with dpkg -x and cached outside the repository; its modules go to
+# (scripts/vm-kernel.sh, cached outside the repository); its modules go to
 # /lib/modules/<version>, where virtme-ng looks for them.
 #
 #   TIDAL_VM_SUITE=bookworm          Debian's 6.1 instead (no remote partitions: Tidal falls back)
@@ -42,35 +40,10 @@ if ! [ -x "$VNG" ] || ! "$CACHE/vng-venv/bin/pip" show virtme-ng 2>/dev/null | g
     "$CACHE/vng-venv/bin/pip" install --quiet --disable-pip-version-check "virtme-ng==$VNG_VERSION"
 fi
 
-# the kernel: the newest linux-image-amd64 of $SUITE, once
-APT="$CACHE/vm-apt/$SUITE"
-KERNELS="$CACHE/kernel"
-mkdir -p "$APT/lists/partial" "$APT/cache/archives/partial" "$KERNELS"
-echo "deb http://deb.debian.org/debian $SUITE main" > "$APT/sources.list"
-apt_opts="-o Dir::Etc::SourceList=$APT/sources.list -o Dir::Etc::SourceParts=/dev/null -o Dir::State::Lists=$APT/lists
- -o Dir::Cache=$APT/cache -o Debug::NoLocking=1 -o APT::Sandbox::User=root"
-if [ -s "$APT/kernel" ] && [ -f "$KERNELS/$(cat "$APT/kernel")/done" ]; then
-    version="$(cat "$APT/kernel")"
-else
-    say "resolving linux-image-amd64 in $SUITE"
-    # shellcheck disable=SC2086
-    apt-get $apt_opts update -qq
-    # shellcheck disable=SC2086
-    package="$(apt-cache $apt_opts depends linux-image-amd64 | sed -n 's/^ *Depends: \(linux-image-[0-9].*-amd64\)$/\1/p' | head -1)"
-    [ -n "$package" ] || { say "no linux-image-amd64 in $SUITE"; exit 1; }
-    version="${package#linux-image-}"
-    if ! [ -f "$KERNELS/$version/done" ]; then
-        say "downloading $package"
-        work="$(mktemp -d)"
-        # shellcheck disable=SC2086
-        (cd "$work" && apt-get $apt_opts download "$package" >/dev/null)
-        rm -rf "$KERNELS/$version"
-        dpkg -x "$work"/*.deb "$KERNELS/$version"
-        rm -rf "$work"
-        touch "$KERNELS/$version/done"
-    fi
-    echo "$version" > "$APT/kernel"
-fi
+# the kernel: the newest linux-image-amd64 of $SUITE, once (scripts/vm-kernel.sh, shared with make test-systemd)
+tree="$(TIDAL_VM_SUITE="$SUITE" sh scripts/vm-kernel.sh)"
+version="$(basename "$tree")"
+KERNELS="$(dirname "$tree")"
 KERNEL="$KERNELS/$version/boot/vmlinuz-$version"
 if ! [ -d "/lib/modules/$version/kernel" ]; then
     say "installing the modules of $version under /lib/modules (virtme-ng loads 9p and virtio from there)"

@@ -7,12 +7,15 @@ holds them to it); they ask this module, which knows the cgroups of the one driv
 * ``join_offline(path, pid)``: a process into an offline system's own cgroup, from the hierarchies'
   roots (``--offline-cgroup``; accounting hierarchies only on v1);
 * ``kill(path, sig)``: signal every process of a cgroup and its descendants (evictions);
+* ``pin_self(cpus)``: the agent's own threads onto cpus by affinity, where it stays in a cgroup that is
+  not Tidal's (its systemd unit's: leaving would lose the unit's limits);
 * ``procs(path)``, ``offline_procs(path)``: who is there.
 """
 
 from __future__ import annotations
 
-from typing import List
+import os
+from typing import Iterable, List
 
 
 class Membership:
@@ -40,3 +43,15 @@ class Membership:
 
     def offline_procs(self, path: str) -> List[int]:
         return self.rooted.procs_anywhere(path)
+
+    @staticmethod
+    def pin_self(cpus: Iterable[int]) -> int:
+        """Every thread of this process onto ``cpus`` (threads made later inherit it); the count pinned."""
+        wanted, pinned = set(cpus), 0
+        for tid in os.listdir("/proc/self/task"):
+            try:
+                os.sched_setaffinity(int(tid), wanted)
+                pinned += 1
+            except OSError:
+                pass  # a thread that ended meanwhile
+        return pinned

@@ -1,0 +1,276 @@
+"""The shipped unit under real systemd (make test-systemd: systemd as PID 1, pure cgroup v2, in a VM).
+
+Tidal is installed as the README says (``make install``, done by the tier before this runs); these
+tests drive it with ``systemctl`` and the ``tidal`` CLI only, and read the kernel's cgroup files and
+``/proc`` to see what systemd and the agent did. They run in file order: one agent, one set of
+workloads, carried through start, daemon-reload, restart, the watchdog and stop.
+"""
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+
+import pytest
+
+pytestmark = pytest.mark.systemd
+
+UNIT = "tidal.service"
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+CGROUP = "/sys/fs/cgroup"
+# capability numbers (linux/capability.h) of the names the unit's bounding set uses
+CAPS = {"CAP_CHOWN": 0, "CAP_DAC_OVERRIDE": 1, "CAP_DAC_READ_SEARCH": 2, "CAP_FOWNER": 3, "CAP_KILL": 5,
+        "CAP_SETUID": 7, "CAP_NET_ADMIN": 12, "CAP_SYS_PTRACE": 19, "CAP_SYS_ADMIN": 21, "CAP_SYS_NICE": 23,
+        "CAP_SYS_RESOURCE": 24}
+
+
+def sh(*argv, check=True, timeout=120):
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{' '.join(argv)}: exit {proc.returncode}: {proc.stderr.strip() or proc.stdout.strip()}")
+    return proc.stdout
+
+
+def show(*props):
+    out = sh("systemctl", "show", UNIT, *(f"--property={p}" for p in props))
+    return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+
+
+def tidal(*args):
+    return json.loads(sh("tidal", *args, "--json"))
+
+
+def read(path):
+    with open(path) as handle:
+        return handle.read().strip()
+
+
+def cgroup_of(pid):
+    for line in read(f"/proc/{pid}/cgroup").splitlines():
+        if line.startswith("0::"):
+            return line[3:]
+    raise AssertionError(f"pid {pid}: no cgroup v2 line in /proc/{pid}/cgroup")
+
+
+def unit_lines(key):
+    with open(os.path.join(REPO, "systemd", "tidal.service")) as handle:
+        return [line.split("=", 1)[1].strip() for line in handle if line.startswith(f"{key}=")]
+
+
+class Node:
+    """The workloads the tests started and what the kernel says of them."""
+
+    def __init__(self):
+        self.procs = {}  # name -> Popen of `tidal run ... sleep`
+
+    def start(self, name, *flags):
+        self.procs[name] = subprocess.Popen(["tidal", "run", "--name", name, *flags, "sleep", "100000"],
+                                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        deadline = time.monotonic() + 60
+        while True:
+            listed = {w["name"]: w for w in tidal("ps")}
+            if name in listed and self.procs[name].pid in listed[name]["pids"]:
+                return listed[name]
+            assert self.procs[name].poll() is None, f"tidal run {name}: {self.procs[name].stderr.read().decode()}"
+            assert time.monotonic() < deadline, f"{name} not attached in 60 s: {listed.get(name)}"
+            time.sleep(0.2)
+
+    def confinement(self):
+        """Each workload's process: its cgroup and the kernel's values there (not the agent's word)."""
+        seen = {}
+        for name, proc in self.procs.items():
+            assert proc.poll() is None, f"workload {name}'s process exited ({proc.returncode})"
+            path = cgroup_of(proc.pid)
+            directory = f"{CGROUP}{path}"
+            values = {"cgroup": path}
+            for knob in ("cpuset.cpus.effective", "cpuset.mems.effective", "cpu.weight", "cpu.idle", "cpu.max"):
+                # a reclaimed workload's own quota follows the agent's measure of idle time (the minimum while
+                # it may not take idle cpus, none once it may: desired.py), which a new agent takes afresh
+                if knob == "cpu.max" and name == "reclaimed":
+                    continue
+                if os.path.exists(f"{directory}/{knob}"):
+                    values[knob] = read(f"{directory}/{knob}")
+            seen[name] = values
+        return seen
+
+    def stop(self):
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGKILL)
+                proc.wait()
+
+
+def tree_of(agent_pid):
+    """Tidal's tree as the agent reports it: the parent of its workloads' cgroups."""
+    listed = tidal("ps")
+    assert listed, "no workloads"
+    dirs = [w["cgroup_dirs"]["unified"] for w in listed if w.get("cgroup_dirs")]
+    return os.path.commonpath(dirs)
+
+
+@pytest.fixture(scope="module")
+def node():
+    n = Node()
+    yield n
+    n.stop()
+    for name in list(n.procs):
+        subprocess.run(["tidal", "release", name], capture_output=True)
+    subprocess.run(["systemctl", "disable", "--now", UNIT], capture_output=True)
+
+
+def test_installed_as_shipped():
+    with open(os.path.join(REPO, "systemd", "tidal.service")) as shipped, \
+            open(f"/etc/systemd/system/{UNIT}") as installed:
+        assert installed.read() == shipped.read()
+    assert os.path.exists("/etc/tidal/agent.yaml")
+    assert read("/proc/1/comm") == "systemd"
+    assert not any(line.split()[2] == "cgroup" for line in read("/proc/self/mounts").splitlines())
+
+
+def test_enable_now_waits_for_readiness(node):
+    start = time.monotonic()
+    sh("systemctl", "enable", "--now", UNIT, timeout=300)
+    ready_s = time.monotonic() - start
+    props = show("ActiveState", "SubState", "Type", "StatusText", "MainPID", "NRestarts", "ControlGroup")
+    print(f"systemctl enable --now: {ready_s:.1f} s to READY=1; {props}")
+    assert props["Type"] == "notify"
+    assert (props["ActiveState"], props["SubState"]) == ("active", "running")
+    # READY=1 comes with the socket it serves: systemctl returned once the agent answered
+    assert props["StatusText"] == "serving /run/tidal/tidal.sock"
+    assert tidal("status")["cgroup_version"] == 2
+
+
+def test_hardening_in_force():
+    props = show("MainPID", "ControlGroup")
+    pid = int(props["MainPID"])
+    status = dict(line.split(":", 1) for line in read(f"/proc/{pid}/status").splitlines())
+    assert status["NoNewPrivs"].strip() == "1"
+    assert status["Seccomp"].strip() == "2"  # RestrictAddressFamilies, LockPersonality, ... as a filter
+    (bounding,) = unit_lines("CapabilityBoundingSet")
+    mask = sum(1 << CAPS[name] for name in bounding.split())
+    assert int(status["CapBnd"], 16) == mask, f"CapBnd {status['CapBnd'].strip()}, the unit's {bounding}"
+    assert int(status["CapEff"], 16) == mask
+    (memory_max,) = unit_lines("MemoryMax")
+    assert memory_max == "256M"
+    assert read(f"{CGROUP}{props['ControlGroup']}/memory.max") == str(256 << 20)
+    mounts = {}
+    for line in read(f"/proc/{pid}/mountinfo").splitlines():
+        fields = line.split()
+        mounts[fields[4]] = (fields[3], fields[5].split(","))  # mount point -> (root, options)
+    assert "ro" in mounts["/"][1], "ProtectSystem=strict: / read-only for the agent"
+    for path in ("/sys/fs/cgroup", "/var/lib/tidal", "/run/tidal"):
+        assert "rw" in mounts[path][1], f"{path} must be writable for the agent (ReadWritePaths)"
+    assert "/tmp" in mounts and "systemd-private" in mounts["/tmp"][0], "PrivateTmp: a /tmp of its own"
+    print("systemd-analyze security: " + sh("systemd-analyze", "security", UNIT, "--no-pager", check=False)
+          .strip().splitlines()[-1])
+
+
+def test_workloads_confined(node):
+    dedicated = node.start("dedicated", "--qos", "dedicated_cores", "--cpus", "1")
+    shared = node.start("shared", "--qos", "shared_cores", "--millicpu", "500")
+    # reclaimed capacity is what online leaves idle, measured over the first periods: wait for room
+    deadline = time.monotonic() + 90
+    while tidal("status")["reclaimed_capacity_millicpu"] < 200:
+        assert time.monotonic() < deadline, f"no 200 millicpu reclaimed capacity in 90 s: {tidal('status')['pools']}"
+        time.sleep(1)
+    node.start("reclaimed", "--qos", "reclaimed_cores", "--millicpu", "200", "--tier", "low")
+    seen = node.confinement()
+    props = show("MainPID", "ControlGroup")
+    agent = int(props["MainPID"])
+    tree = tree_of(agent)
+    print(f"Tidal's tree: {tree}; agent in {cgroup_of(agent)}; {seen}")
+    # the agent stays in its unit (MemoryMax=, systemd's accounting) on the reserved cpus by affinity
+    assert cgroup_of(agent) == props["ControlGroup"] == "/system.slice/tidal.service"
+    reserved = tidal("status")["pools"]["reserved"]
+    for tid in os.listdir(f"/proc/{agent}/task"):
+        allowed = dict(line.split(":", 1) for line in read(f"/proc/{agent}/task/{tid}/status").splitlines())
+        assert cpu_list(allowed["Cpus_allowed_list"].strip()) == cpu_list(reserved), (tid, allowed["Cpus_allowed_list"])
+    for name, values in seen.items():
+        assert f"{CGROUP}{values['cgroup']}".startswith(tree + "/"), (name, values, tree)
+    assert cpu_list(seen["dedicated"]["cpuset.cpus.effective"]) == cpu_list(dedicated["cpus"])
+    assert shared["cpus"] and not set(cpu_list(shared["cpus"])) & set(cpu_list(dedicated["cpus"]))
+    assert cpu_list(seen["shared"]["cpuset.cpus.effective"]) == cpu_list(shared["cpus"])
+    # reclaimed work runs at the idle policy: its cgroup or one above it in Tidal's tree has cpu.idle 1
+    path, idle = f"{CGROUP}{seen['reclaimed']['cgroup']}", []
+    while path != tree:
+        idle.append(read(f"{path}/cpu.idle"))
+        path = os.path.dirname(path)
+    assert "1" in idle, idle
+    node.before = seen
+
+
+def cpu_list(text):
+    cpus = []
+    for part in text.split(","):
+        if "-" in part:
+            lo, hi = part.split("-")
+            cpus += range(int(lo), int(hi) + 1)
+        elif part:
+            cpus.append(int(part))
+    return cpus
+
+
+def controllers_along(path):
+    """cgroup.subtree_control of each cgroup from the root down to ``path``'s parent."""
+    out, parts = {}, path[len(CGROUP):].strip("/").split("/")
+    for i in range(len(parts)):
+        directory = "/".join([CGROUP] + parts[:i])
+        out[directory] = read(f"{directory}/cgroup.subtree_control")
+    return out
+
+
+def test_daemon_reload_leaves_the_tree_alone(node):
+    leaf = f"{CGROUP}{node.before['dedicated']['cgroup']}"
+    enabled = controllers_along(leaf)
+    sh("systemctl", "daemon-reload")
+    time.sleep(3)  # systemd realises the units' cgroups as it reloads; give anything lazy a moment
+    assert node.confinement() == node.before
+    assert controllers_along(leaf) == enabled
+    assert show("ActiveState")["ActiveState"] == "active"
+
+
+def test_restart_keeps_every_workload_confined(node):
+    before = show("MainPID", "NRestarts")
+    sh("systemctl", "restart", UNIT, timeout=300)
+    after = show("MainPID", "NRestarts", "ActiveState")
+    assert after["ActiveState"] == "active" and after["MainPID"] != before["MainPID"]
+    assert node.confinement() == node.before
+    listed = {w["name"]: w for w in tidal("ps")}
+    assert set(listed) >= set(node.procs)
+    for name, proc in node.procs.items():
+        assert proc.pid in listed[name]["pids"]
+
+
+def test_watchdog_restarts_a_hung_agent(node):
+    before = show("MainPID", "NRestarts")
+    (watchdog,) = unit_lines("WatchdogSec")
+    os.kill(int(before["MainPID"]), signal.SIGSTOP)  # hung: alive, no WATCHDOG=1
+    stopped = time.monotonic()
+    deadline = stopped + int(watchdog) + 90
+    while True:
+        now = show("MainPID", "NRestarts", "ActiveState", "SubState")
+        if now["NRestarts"] != before["NRestarts"] and now["ActiveState"] == "active" and now["SubState"] == "running":
+            break
+        assert time.monotonic() < deadline, f"no restart {int(watchdog) + 90} s after the agent hung: {now}"
+        time.sleep(0.5)
+    took = time.monotonic() - stopped
+    print(f"watchdog: hung agent replaced after {took:.1f} s (WatchdogSec={watchdog})")
+    assert int(now["NRestarts"]) == int(before["NRestarts"]) + 1
+    assert now["MainPID"] != before["MainPID"]
+    assert took >= int(watchdog) - 1
+    journal = sh("journalctl", "-b", "-u", UNIT, "--no-pager", "-o", "cat")
+    assert re.search(r"[Ww]atchdog timeout", journal), journal[-2000:]
+    assert node.confinement() == node.before
+
+
+def test_stop_leaves_workloads_confined_and_start_finds_them(node):
+    sh("systemctl", "stop", UNIT, timeout=300)
+    assert show("ActiveState")["ActiveState"] in ("inactive", "failed")
+    # KillMode=process: the workloads are not the unit's to kill, and stay where they were
+    assert node.confinement() == node.before
+    sh("systemctl", "start", UNIT, timeout=300)
+    listed = {w["name"]: w for w in tidal("ps")}
+    for name, proc in node.procs.items():
+        assert proc.pid in listed[name]["pids"]
+    assert node.confinement() == node.before
