@@ -109,6 +109,7 @@ class AgentConfig:
     revert_on_exit: bool = False
     cgroups_in_memory: bool = False  # keep cgroup writes in memory (dry runs, end-to-end tests off the host)
     confine_self: bool = False  # move the agent itself into <base>/system (the reserved pool)
+    host_units: tuple = ()  # systemd units not Tidal's held on the reserved cpus (services.host_units)
     kubelet_cpu_manager: Optional[str] = None  # on a Kubernetes node: the kubelet's CPU manager policy
     eviction_grace: float = 10.0  # over-committed reclaimed work is throttled this long before eviction
     memory_evict_below: Optional[int] = None  # evict reclaimed work under this MemAvailable (None: 2%, 256 MiB-2 GiB)
@@ -175,6 +176,7 @@ class Agent:
         self.lending.helper_join = self.helper_join
         self.pusher = self._pusher(config)
         self.net = None  # NetShaper when config.net is set
+        self.host_units = None  # services.host_units.HostUnits with --confine-host-units
         self.on_started: Optional[Callable[[], None]] = None  # e.g. the Kubernetes pod source
         # the services, built by start() once the topology and the driver are known
         self.enforcement: Optional[Enforcement] = None
@@ -267,6 +269,8 @@ class Agent:
             check_base(cfg.cgroup_base)
         except ValueError as exc:
             raise CgroupError(str(exc)) from None
+        if cfg.host_units and not cfg.cgroups_in_memory:
+            self._check_host_units()
         if owner.topology is None:
             owner.topology = discover(HostFS(cfg.root))
         if self.driver is None and cfg.cgroups_in_memory:
@@ -346,6 +350,8 @@ class Agent:
                 self.enforcement.membership.attach(f"{cfg.cgroup_base}/system", os.getpid())
             except CgroupError as exc:
                 self.echo(f"tidal agent: warning: cannot move the agent into the system pool: {exc}")
+        if cfg.host_units and not cfg.cgroups_in_memory:
+            self._hold_host_units()
         topo = owner.topology
         self.echo(
             f"tidal agent: {len(topo.socket_ids())} sockets, {len(topo.numa_nodes)} NUMA nodes, "
@@ -402,6 +408,27 @@ class Agent:
 
     def reconcile(self, verify: Optional[bool] = None) -> ReconcileReport:
         return self.enforcement.reconcile(verify)
+
+    def _check_host_units(self) -> None:
+        """Before anything is made: the units can be held here, and none of them holds Tidal's tree."""
+        cfg = self.config
+        if not os.path.isdir("/run/systemd/system"):
+            raise TidalError("--confine-host-units: systemd does not run this host (no /run/systemd/system)")
+        own = systemd_unit_of_self() or ""
+        for held in cfg.host_units:
+            if cfg.cgroup_parent == "self" and f"/{held}/" in f"{own}/":
+                raise TidalError(f"--confine-host-units {held}: Tidal's tree would live under it ({own}, "
+                                 f"--cgroup-parent self); leave it out or use --cgroup-parent /")
+
+    def _hold_host_units(self) -> None:
+        """``--confine-host-units``: systemd holds those units on the reserved cpus from now on."""
+        from agent.isolation.systemd import SystemdUnits
+        from agent.services.host_units import HostUnits
+
+        cfg = self.config
+        self.host_units = HostUnits(cfg.host_units, SystemdUnits(), cfg.state_dir,
+                                    self.owner.topology.online_cpus(), self.echo)
+        self.host_units.hold(self.owner.pools().reserved)
 
     def admit(self, doc: Any, source: str = LOCAL, owner: Optional[int] = None) -> Dict[str, Any]:
         return self.admission.admit(doc, source, owner)
@@ -512,6 +539,7 @@ class Agent:
                                     for p in self.harvest.offline_cgroups],
                 "push": self.pusher.records() if self.pusher is not None else [],
                 "offline_containers": self.containers.status() if self.containers is not None else None,
+                "host_units": self.host_units.status() if self.host_units is not None else None,
                 "last_reconcile_ms": round(self.last_reconcile_ms, 3),
                 "state_file": self.store.path, "socket": self.config.socket_path,
                 "runtime": {**self.runtime_integration(), "kubelet_cpu_manager": self.config.kubelet_cpu_manager},
@@ -629,6 +657,8 @@ class Agent:
                                  self.harvest.memory_pressure.percent)
             self.node.advance(epoch)
             self.reconcile()
+            if self.host_units is not None:  # asks systemd only when the reserved pool changed (or failed)
+                self.host_units.hold(self.owner.pools().reserved)
             self.last_period_at = epoch
         if self.net is not None:
             try:
@@ -734,6 +764,10 @@ class Agent:
         if self.enforcement is not None and not self.config.cgroups_in_memory:
             if self.harvest.io_guard.lift_all() and not self.config.revert_on_exit:
                 self.enforcement.reconcile()  # Tidal starts unthrottled: its io limits go with it
+        if self.config.revert_on_exit and self.host_units is not None:
+            if self.host_units.release():
+                self.echo("tidal agent: host units given back their own cpus"
+                          + (f" ({len(self.host_units.errors)} refused)" if self.host_units.errors else ""))
         if self.config.revert_on_exit and self.enforcement is not None:
             with self.lock:
                 report = self.enforcement.revert()

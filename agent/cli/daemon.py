@@ -127,6 +127,10 @@ def parse_reserved(value: Optional[str]):
               help="Seconds between the fast guard's checks of online saturation (0: off; the period still acts).")
 @click.option("--no-confine-self", is_flag=True,
               help="Do not move the agent itself into the system pool (the reserved cpus).")
+@click.option("--confine-host-units", "host_units", multiple=True, metavar="UNIT",
+              help="A systemd slice, scope or service that is not Tidal's or the kubelet's (system.slice, "
+                   "user.slice, init.scope) to hold on the reserved cpus through systemd (AllowedCPUs=, runtime); "
+                   "its own value is saved and given back by --revert. Repeatable; needs systemd as PID 1.")
 @click.option("--cgroups-in-memory", "--record-cgroups", "cgroups_in_memory", is_flag=True,
               help="Keep the cgroups in memory, written nowhere (a dry run; tests off the host). With the kernel "
                    "left alone, so are the fast guard, self-confinement, the helpers' cgroup and the lifting of "
@@ -172,7 +176,7 @@ def agent(root: str, socket_path: str, state_dir: str, reserved_cpus, period: fl
           memory_evict_below, memory_pressure_threshold: float, cpu_pressure_threshold: float,
           io_pressure_threshold: float, reclaim_buffer: float, lending_notice: str, online_policy: str, hooks,
           guard_interval: float,
-          no_confine_self: bool, cgroups_in_memory: bool,
+          no_confine_self: bool, host_units, cgroups_in_memory: bool,
           dedicated_partition: str,
           online_nic, offline_nic, offline_gateway, net_netns, no_ingress_shaping: bool, kube_node, kubeconfig,
           kubelet_root_dir, kubelet_cgroup_driver, topology_policy: str, log_level: str, print_config) -> None:
@@ -188,6 +192,7 @@ def agent(root: str, socket_path: str, state_dir: str, reserved_cpus, period: fl
                              reserved_cpus=parse_reserved(reserved_cpus), period=period, tcp_port=tcp_port,
                              cgroup_base=cgroup_base, cgroup_parent=cgroup_parent, resize=not no_resize,
                              revert_on_exit=revert, cgroups_in_memory=cgroups_in_memory, confine_self=not no_confine_self,
+                             host_units=parse_host_units(host_units),
                              cgroup_options=CgroupOptions(dedicated_partition=dedicated_partition),
                              push_command=parse_argv("--push-command", push_command), push_url=push_url,
                              push_format=push_format, push_resend=push_resend,
@@ -281,6 +286,20 @@ def parse_duration(option: str, value: str) -> float:
         return notice(value)
     except ValueError as exc:
         raise TidalError(f"{option}: {exc}") from None
+
+
+def parse_host_units(units) -> tuple:
+    from agent.isolation.systemd import unit_type
+
+    for unit in units:
+        try:
+            unit_type(unit)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--confine-host-units") from None
+        if unit in ("-.slice", "kubepods.slice", "tidal.slice") or unit.startswith("kubepods"):
+            raise click.BadParameter(f"{unit!r} holds Tidal's or the kubelet's work, which Tidal places itself",
+                                     param_hint="--confine-host-units")
+    return tuple(dict.fromkeys(units))
 
 
 def parse_offline_cgroups(paths, base: str = "tidal", option: str = "--offline-cgroup") -> tuple:

@@ -200,6 +200,37 @@ def test_workloads_confined(node):
     node.before = seen
 
 
+def unit_cpus(unit):
+    """systemd's word (AllowedCPUs=, empty: unset) and the kernel's (the unit's cpuset.cpus.effective)."""
+    props = dict(line.split("=", 1) for line in sh("systemctl", "show", unit, "--property=AllowedCPUs",
+                                                     "--property=ControlGroup").splitlines() if "=" in line)
+    return cpu_list(props["AllowedCPUs"]), cpu_list(read(f"{CGROUP}{props['ControlGroup']}/cpuset.cpus.effective"))
+
+
+HOST_UNITS = ["system.slice", "user.slice", "init.scope"]
+
+
+def test_the_host_units_are_held_on_the_reserved_cpus(node):
+    """The shipped /etc/tidal/agent.yaml holds system.slice, user.slice and init.scope on the reserved cpus
+    through systemd; what starts there later (a service, a login) is on them too."""
+    status = tidal("status")
+    reserved = cpu_list(status["pools"]["reserved"])
+    assert reserved and status["host_units"]["units"] == HOST_UNITS and status["host_units"]["errors"] == {}
+    for unit in HOST_UNITS:
+        assert unit_cpus(unit) == (reserved, reserved), unit
+    with open("/var/lib/tidal/host-units.json") as handle:  # their own values, saved before the first change
+        assert json.load(handle) == {"original_allowed_cpus": {unit: [] for unit in HOST_UNITS}}
+    sh("systemd-run", "--unit=tidal-foreign", "--slice=system.slice", "sleep", "100000")
+    try:
+        pid = int(sh("systemctl", "show", "tidal-foreign", "--property=MainPID", "--value").strip())
+        assert cgroup_of(pid) == "/system.slice/tidal-foreign.service"
+        assert cpu_list(read(f"{CGROUP}/system.slice/tidal-foreign.service/cpuset.cpus.effective")) == reserved
+        allowed = dict(line.split(":", 1) for line in read(f"/proc/{pid}/status").splitlines())
+        assert cpu_list(allowed["Cpus_allowed_list"].strip()) == reserved
+    finally:
+        sh("systemctl", "stop", "tidal-foreign", check=False)
+
+
 def cpu_list(text):
     cpus = []
     for part in text.split(","):
@@ -228,6 +259,9 @@ def test_daemon_reload_leaves_the_tree_alone(node):
     assert node.confinement() == node.before
     assert controllers_along(leaf) == enabled
     assert show("ActiveState")["ActiveState"] == "active"
+    reserved = cpu_list(tidal("status")["pools"]["reserved"])
+    for unit in HOST_UNITS:  # systemd's own runtime properties, which a reload keeps
+        assert unit_cpus(unit) == (reserved, reserved), unit
 
 
 def test_restart_keeps_every_workload_confined(node):
@@ -274,3 +308,29 @@ def test_stop_leaves_workloads_confined_and_start_finds_them(node):
     for name, proc in node.procs.items():
         assert proc.pid in listed[name]["pids"]
     assert node.confinement() == node.before
+
+
+def test_revert_gives_the_host_units_their_own_cpus(node):
+    """`tidal agent --revert` (the agent's clean removal) gives each held unit its saved value back."""
+    sh("systemctl", "stop", UNIT, timeout=300)
+    agent = subprocess.Popen(["tidal", "agent", "--config", "/etc/tidal/agent.yaml", "--revert"],
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while subprocess.run(["tidal", "status", "--json"], capture_output=True).returncode != 0:
+            assert agent.poll() is None, agent.stdout.read()
+            assert time.monotonic() < deadline, "the agent did not serve in 120 s"
+            time.sleep(0.5)
+        agent.send_signal(signal.SIGTERM)
+        out, _ = agent.communicate(timeout=120)
+    finally:
+        if agent.poll() is None:
+            agent.kill()
+    print(out.strip().splitlines()[-3:])
+    assert agent.returncode == 0, out
+    assert "host units given back their own cpus" in out
+    every = cpu_list(read(f"{CGROUP}/cpuset.cpus.effective"))  # the dedicated cpu's partition is gone too
+    assert every == cpu_list(read("/sys/devices/system/cpu/online"))
+    for unit in HOST_UNITS:
+        assert unit_cpus(unit) == ([], every), unit
+    assert not os.path.exists("/var/lib/tidal/host-units.json")
