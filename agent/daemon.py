@@ -177,6 +177,7 @@ class Agent:
         self.pusher = self._pusher(config)
         self.net = None  # NetShaper when config.net is set
         self.host_units = None  # services.host_units.HostUnits with --confine-host-units
+        self._host_units_verified = time.monotonic()
         self.on_started: Optional[Callable[[], None]] = None  # e.g. the Kubernetes pod source
         # the services, built by start() once the topology and the driver are known
         self.enforcement: Optional[Enforcement] = None
@@ -657,8 +658,12 @@ class Agent:
                                  self.harvest.memory_pressure.percent)
             self.node.advance(epoch)
             self.reconcile()
-            if self.host_units is not None:  # asks systemd only when the reserved pool changed (or failed)
-                self.host_units.hold(self.owner.pools().reserved)
+            if self.host_units is not None:  # asks systemd when the reserved pool changed (or failed), and
+                # reads the units back as often as the cgroup tree is read for drift
+                verify = time.monotonic() - self._host_units_verified >= self.config.drift_check_period
+                if verify:
+                    self._host_units_verified = time.monotonic()
+                self.host_units.hold(self.owner.pools().reserved, verify=verify)
             self.last_period_at = epoch
         if self.net is not None:
             try:

@@ -9,7 +9,8 @@ the reserved pool changes.
 Each unit's ``AllowedCPUs=`` as it was before Tidal set it is saved in the state directory first
 (``host-units.json``, written atomically), so a crash between the save and the set, or any number of
 restarts, keeps the operator's value: a later agent reads the saved one and never takes its own for
-the original. A stop leaves the units held (as it leaves workloads confined); ``--revert`` gives every
+the original. Every drift check (``--drift-check-period``) reads the values back and sets again any
+that someone else changed. A stop leaves the units held (as it leaves workloads confined); ``--revert`` gives every
 unit its saved value back and removes the file. systemd keeps runtime properties until the next boot.
 
 A unit whose own value was none (every cpu) is first given every cpu, then none: systemd 252 clears the
@@ -55,6 +56,7 @@ class HostUnits:
         self.held: Optional[List[int]] = None  # the cpus every unit was last set to
         self.errors: Dict[str, str] = {}
         self.sets = 0
+        self.drift_repairs = 0
 
     def _originals(self) -> Dict[str, List[int]]:
         """The units' values before Tidal: from the state file when an earlier agent saved them, else read
@@ -72,11 +74,26 @@ class HostUnits:
             self.original = saved
         return self.original
 
-    def hold(self, cpus: Sequence[int]) -> bool:
-        """Every unit on ``cpus`` (no cpus: each gets its own value back). True when systemd was asked."""
+    def hold(self, cpus: Sequence[int], verify: bool = False) -> bool:
+        """Every unit on ``cpus`` (no cpus: each gets its own value back). True when systemd was asked.
+        ``verify``: read each unit's value back first and set again where someone changed it (an
+        operator's ``systemctl set-property``, a unit file's ``AllowedCPUs=`` on ``daemon-reload``)."""
         wanted = sorted(set(cpus))
         if not wanted:
             return self.release(remove=False)
+        if wanted == self.held and not self.errors and verify:
+            drifted = []
+            for unit in self.units:
+                try:
+                    if self.client.allowed_cpus(unit) != wanted:
+                        drifted.append(unit)
+                except SystemdError as exc:
+                    self._failed(unit, str(exc))
+            if drifted:
+                self.echo(f"tidal agent: host units {', '.join(drifted)} were moved off the reserved cpus "
+                          f"{format_cpulist(wanted)} by someone else: held there again")
+                self.drift_repairs += len(drifted)
+                self.held = None  # set them all again below
         if wanted == self.held and not self.errors:
             return False
         try:
@@ -133,5 +150,5 @@ class HostUnits:
     def status(self) -> Dict[str, object]:
         return {"units": list(self.units), "held_cpus": format_cpulist(self.held or []),
                 "original_allowed_cpus": {u: format_cpulist(c) for u, c in sorted((self.original or {}).items())},
-                "errors": dict(self.errors), "sets": self.sets}
+                "errors": dict(self.errors), "sets": self.sets, "drift_repairs": self.drift_repairs}
 

@@ -229,6 +229,15 @@ def test_the_host_units_are_held_on_the_reserved_cpus(node):
         assert cpu_list(allowed["Cpus_allowed_list"].strip()) == reserved
     finally:
         sh("systemctl", "stop", "tidal-foreign", check=False)
+    # someone else moves a unit off (an operator's set-property): the next drift check holds it again
+    sh("systemctl", "set-property", "--runtime", "user.slice", "AllowedCPUs=")
+    assert unit_cpus("user.slice")[0] == []
+    start = time.monotonic()
+    while unit_cpus("user.slice") != (reserved, reserved):
+        assert time.monotonic() - start < 30 + 15, "user.slice not held again within a drift check (30 s)"
+        time.sleep(0.5)
+    print(f"user.slice held again {time.monotonic() - start:.1f} s after it was moved off")
+    assert tidal("status")["host_units"]["drift_repairs"] == 1
 
 
 def cpu_list(text):

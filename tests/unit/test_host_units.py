@@ -146,3 +146,19 @@ def test_the_agent_refuses_before_making_anything_where_systemd_does_not_run(tmp
     with pytest.raises(TidalError, match="systemd does not run this host"):
         agent.start()
     assert agent.driver is None and not (tmp_path / "state").exists()
+
+
+def test_a_unit_moved_off_by_someone_else_is_held_again_at_the_next_check(tmp_path):
+    lines = []
+    bus = FakeSystemd({"system.slice": [], "user.slice": []})
+    held = HostUnits(["system.slice", "user.slice"], bus, str(tmp_path), EVERY, lines.append)
+    held.hold([0])
+    bus.values["user.slice"] = []  # an operator's systemctl set-property --runtime user.slice AllowedCPUs=
+    assert not held.hold([0])  # between checks nothing is read
+    assert bus.values["user.slice"] == []
+    assert held.hold([0], verify=True)
+    assert bus.values == {"system.slice": [0], "user.slice": [0]}
+    assert held.status()["drift_repairs"] == 1 and any("user.slice" in line and "again" in line for line in lines)
+    assert not held.hold([0], verify=True)  # in place: read, nothing set
+    # what the units had before Tidal is still what was saved first, not the operator's later change
+    assert json.loads((tmp_path / FILE).read_text())["original_allowed_cpus"]["user.slice"] == []
