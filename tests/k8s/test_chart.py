@@ -52,6 +52,13 @@ def test_helm_installs_upgrades_and_uninstalls_tidal(plane, api, helm, tmp_path)
     deployment = apps.read_namespaced_deployment("tidal-extender", namespace)
     assert [c.name for c in deployment.spec.template.spec.containers] == ["extender", "lending"]
     assert core.read_namespaced_service("tidal-extender", namespace).spec.ports[0].port == 8890
+    # the scheduler side: its Deployment (two replicas, one leading), its own service account (tests/k8s/
+    # test_scheduler_tier.py runs it with that account's RBAC on KWOK nodes)
+    scheduler = apps.read_namespaced_deployment("tidal-scheduler", namespace)
+    assert scheduler.spec.replicas == 2
+    assert scheduler.spec.template.spec.service_account_name == "tidal-scheduler"
+    assert scheduler.spec.template.spec.containers[0].command[:3] == ["tidal", "cluster", "scheduler"]
+    assert core.read_namespaced_service_account("tidal-scheduler", namespace)
     before = daemonset.spec.template.metadata.annotations["checksum/config"]
     # and what `helm template` renders (the plain manifests' way), the API server accepts whole: a server-side
     # dry run of every object, its namespace and the CRDs now there
