@@ -74,6 +74,14 @@ class HostUnits:
             self.original = saved
         return self.original
 
+    def _saved(self) -> Optional[Dict[str, List[int]]]:
+        """``_originals()``, or None (one warning) when systemd cannot be asked for them."""
+        try:
+            return self._originals()
+        except SystemdError as exc:
+            self._failed("*", str(exc))
+            return None
+
     def hold(self, cpus: Sequence[int], verify: bool = False) -> bool:
         """Every unit on ``cpus`` (no cpus: each gets its own value back). True when systemd was asked.
         ``verify``: read each unit's value back first and set again where someone changed it (an
@@ -96,10 +104,8 @@ class HostUnits:
                 self.held = None  # set them all again below
         if wanted == self.held and not self.errors:
             return False
-        try:
-            originals = self._originals()
-        except SystemdError as exc:
-            self._failed("*", str(exc))
+        originals = self._saved()
+        if originals is None:
             return False
         for unit in self.units:
             try:
@@ -120,10 +126,8 @@ class HostUnits:
         """Each unit's value from before Tidal; the saved file goes (``remove``) once all are back."""
         if self.original is None and not os.path.exists(self.path):
             return False
-        try:
-            originals = self._originals()
-        except SystemdError as exc:
-            self._failed("*", str(exc))
+        originals = self._saved()
+        if originals is None:
             return False
         failed = False
         for unit, cpus in sorted(originals.items()):
