@@ -176,9 +176,11 @@ class YarnTarget(Target):
             self.node_id = self.configured_node_id
             raise
         got = self._resource_of(answer)
-        for _ in range(5):  # the RM applies the update on its scheduler's thread: read the node back
-            if got == (vcores, mb):
-                break
+        # the RM applies the update on its dispatcher's thread, after it answered: read the node back until
+        # it shows the figures, for as long as a call may take (CI's 2-cpu host once took over the 1 s this
+        # waited before, and five such pushes counted as failures though the RM took every one)
+        deadline = time.monotonic() + self.timeout
+        while got != (vcores, mb) and time.monotonic() < deadline:
             time.sleep(0.2)
             got = self._resource_of(self._call("GET", f"/ws/v1/cluster/nodes/{self.node_id}"))
         if got != (vcores, mb):

@@ -148,7 +148,7 @@ def test_the_rm_takes_tidals_figures_for_a_node_it_found_itself(cluster):
     view = wait_for("the RM to show Tidal's figures", lambda: rm_view(yarn) == tidal_yarn(client) and rm_view(yarn),
                     30)
     push = [p for p in client.request("GET", "/v1/status")["push"] if p["kind"] == "yarn"][0]
-    assert push["node_id"] == node["id"] and push["consecutive_failures"] == 0 and push["minimum"] == [1, 1024]
+    assert push["node_id"] == node["id"] and push["consecutive_failures"] == 0 and push["minimum"] == [1, 1024], push
     figure("rm_view_at_start", vcores=view[0], memory_mb=view[1], node_id=node["id"])
 
 
