@@ -42,7 +42,7 @@ from agent.isolation.cgroups.recover import recover_state
 from agent.lending import NodeLending
 from agent.qrm.assignment import cpu_owners, reclaimed_cpus
 from agent.qrm.model import LOCAL, Allocation, QoS
-from agent.qrm.policy import State
+from agent.qrm.policy import State, smt_siblings_held_back
 from agent.qrm.state import CheckpointStore
 from agent.statefiles import check_state_dir
 from agent.services.admission import Admission
@@ -144,6 +144,7 @@ class AgentConfig:
     plugin_uid: int = 0  # the NRI plugin's uid: the plugin socket's owner
     max_workloads_per_user: int = 64  # workloads one non-root uid may hold through the socket
     reclaim_buffer: float = 0.2  # headroom kept above online's recent peak (contracts.headroom), a fraction
+    reclaimed_on_smt_siblings: bool = False  # reclaimed work may use dedicated cpus' SMT siblings (policy.pools)
     lending_notice: float = 60.0  # seconds of notice for lending driven by the node's label (Kubernetes)
     # tunables (agent.tunables) set on this node by a flag or the config file: a cluster policy leaves them
     local_settings: frozenset = frozenset()
@@ -311,6 +312,8 @@ class Agent:
             if clash:
                 raise AdmissionError(f"reserved cpus {format_cpulist(clash)} are held by dedicated workloads")
             state = replace(state, reserved=check.reserved)
+        # an option, not a part of the checkpoint: the flag of this start decides
+        state = replace(state, reclaim_siblings=cfg.reclaimed_on_smt_siblings)
         owner.state = self.harvest.with_capacity(state)
         warning = self.enforcement.load_originals()
         if warning:
@@ -517,11 +520,16 @@ class Agent:
             sources: Dict[str, int] = {}
             for alloc in self.state.allocations:
                 sources[alloc.source] = sources.get(alloc.source, 0) + 1
+            siblings = smt_siblings_held_back(topo, self.state)
             return {
                 "cgroup_version": self.driver.version, "cgroup_base": self.config.cgroup_base,
                 "dedicated_isolation": self.enforcement.dedicated_isolation(),
                 "pools": {k: format_cpulist(v) for k, v in pool.to_dict().items()},
                 "reclaim_cpus_target": self.state.reclaim_cpus, "reclaimed_capacity_millicpu": self.state.reclaim_millicpu,
+                # SMT: the sibling threads of dedicated cpus reclaimed work may not use (policy.pools), and why
+                "smt": {"threads_per_core": max((len(topo.cpus_in_core(c)) for c in topo.core_ids()), default=1),
+                        "reclaimed_on_siblings": self.state.reclaim_siblings,
+                        "held_back": [{"cpu": c, "sibling_of": siblings[c]} for c in pool.held_back]},
                 "workloads": len(self.state.allocations), "workloads_by_source": sources,
                 "cpus": cpus, "counters": dict(self.counters),
                 "evictions_by_tier": dict(self.evictions_by_tier), "evictions_by_cause": dict(self.evictions_by_cause),

@@ -70,6 +70,9 @@ def parse_reserved(value: Optional[str]):
                    "load balancing; Linux >= 6.7), or plain cpusets (none). Falls back to plain cpusets where "
                    "the kernel refuses; `tidal status` says which.")
 @click.option("--no-resize", is_flag=True, help="Keep the reclaim pool at its maximum instead of sizing it from usage.")
+@click.option("--reclaimed-on-smt-siblings", is_flag=True,
+              help="Let reclaimed work run on the SMT sibling threads of dedicated cpus (by default they are held "
+                   "back: a sibling shares the core's pipeline and caches with the dedicated thread).")
 @click.option("--revert", is_flag=True, help="On exit, put the kernel back as the agent found it.")
 @click.option("--push-command", default=None, metavar="JSON-ARGV",
               help='Run this argument vector on every capacity change, e.g. \'["/usr/local/bin/report", "--node", "n1"]\'.')
@@ -170,7 +173,7 @@ def parse_reserved(value: Optional[str]):
                    "and exit.")
 def agent(root: str, socket_path: str, state_dir: str, reserved_cpus, period: float, tcp_port, tcp_token_file,
           socket_group, max_workloads_per_user: int, plugin_uid, plugin_socket, cgroup_base: str,
-          cgroup_parent: str, no_resize: bool, revert: bool, push_command, push_url, push_format: str,
+          cgroup_parent: str, no_resize: bool, reclaimed_on_smt_siblings: bool, revert: bool, push_command, push_url, push_format: str,
           push_resend: float, yarn_rm, yarn_node_id, yarn_node_host, offline_cgroups, nm_cgroups,
           yarn_container_tier: str, eviction_grace: float,
           memory_evict_below, memory_pressure_threshold: float, cpu_pressure_threshold: float,
@@ -191,6 +194,7 @@ def agent(root: str, socket_path: str, state_dir: str, reserved_cpus, period: fl
         config = AgentConfig(root=root, socket_path=socket_path, state_dir=state_dir,
                              reserved_cpus=parse_reserved(reserved_cpus), period=period, tcp_port=tcp_port,
                              cgroup_base=cgroup_base, cgroup_parent=cgroup_parent, resize=not no_resize,
+                             reclaimed_on_smt_siblings=reclaimed_on_smt_siblings,
                              revert_on_exit=revert, cgroups_in_memory=cgroups_in_memory, confine_self=not no_confine_self,
                              host_units=parse_host_units(host_units),
                              cgroup_options=CgroupOptions(dedicated_partition=dedicated_partition),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Optional
 
 import click
@@ -47,8 +48,10 @@ def topology(root: str, as_json: bool, capture: Optional[str]) -> None:
               help="size of the reclaim pool (default: everything the shared pool does not need).")
 @click.option("--requests", "requests_file", required=True, type=click.File("r"),
               help="JSON list of requests, processed in order ('-' for stdin).")
+@click.option("--reclaimed-on-smt-siblings", "siblings", is_flag=True,
+              help="Let reclaimed work use the SMT siblings of dedicated cpus, as the agent's flag of that name.")
 @click.option("--json", "as_json", is_flag=True, help="JSON output.")
-def plan(root: str, reserved_cpus, reclaim_cpus, requests_file, as_json: bool) -> None:
+def plan(root: str, reserved_cpus, reclaim_cpus, requests_file, siblings: bool, as_json: bool) -> None:
     """Dry run: how the QoS manager would place REQUESTS on the node at ROOT."""
     from agent.qrm.plan import plan_report, render_plan, run_plan
     from agent.qrm.policy import initial_state
@@ -58,7 +61,7 @@ def plan(root: str, reserved_cpus, reclaim_cpus, requests_file, as_json: bool) -
     topo = discover(HostFS(root))
     reserved = parse_cpulist_option("--reserved-cpus", reserved_cpus)
     requests = parse_requests(requests_file.read(), requests_file.name)
-    state = initial_state(topo, reserved, reclaim_cpus)
+    state = dataclasses.replace(initial_state(topo, reserved, reclaim_cpus), reclaim_siblings=siblings)
     state, rejected = run_plan(topo, state, requests)
     if as_json:
         emit_json(plan_report(topo, state, rejected))

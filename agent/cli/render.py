@@ -19,6 +19,9 @@ def status_lines(data: Dict[str, Any]) -> List[str]:
             out.append(f"  {path}: plain cpuset, partition refused: {reason}")
     for name in ("reserved", "shared", "reclaimed", "dedicated"):
         out.append(f"  {name:<10} {pools_[name] or '-'}")
+    if pools_.get("held_back"):
+        held = ", ".join(f"{h['cpu']} ({h['sibling_of']})" for h in data["smt"]["held_back"])
+        out.append(f"  held back  {pools_['held_back']}: SMT siblings of dedicated cpus, no reclaimed work there: {held}")
     runtime = data.get("runtime")
     if runtime and data.get("workloads_by_source", {}).get("kubernetes") or (runtime or {}).get("nri_last_heard_seconds"):
         road = ("the runtime, through Tidal's NRI plugin, at container creation; the agent's own cgroup writes too"

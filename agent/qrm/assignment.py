@@ -10,7 +10,7 @@ NodeResourceTopology report and the capacity answer.
 | ``system_cores``  | the reserved pool (the shared pool when there is none)   | every node with memory            | (the kubelet's)        | no   |
 | ``dedicated_cores`` | its own cpus                                           | its nodes with ``numa_binding``, else every node | 1024 per cpu | no |
 | ``shared_cores``  | the shared pool                                          | every node with memory            | millicpu * 1024 / 1000 | no   |
-| ``reclaimed_cores`` | ``reclaimed_cpus``: the reclaim pool, plus the shared pool when it harvests; never the reserved pool | every node with memory | millicpu * 1024 / 1000 | yes |
+| ``reclaimed_cores`` | ``reclaimed_cpus``: the reclaim pool, plus the shared pool when it harvests; never the reserved pool, never an SMT sibling of a dedicated cpu (``Pools.held_back``) | every node with memory | millicpu * 1024 / 1000 | yes |
 
 "Every node with memory": ``cpuset.mems`` may only name nodes that have memory
 (the kernel's ``N_MEMORY``); a node whose size is unknown counts as having some.
@@ -80,7 +80,7 @@ def reclaimed_cpus(pools: Pools, harvest: bool) -> Tuple[int, ...]:
     after the grace); with no shared pool either, it has no cpu: empty."""
     cpus = set(pools.reclaimed)
     if harvest or not cpus:
-        cpus |= set(pools.shared)
+        cpus |= set(pools.shared) - set(pools.held_back)  # never an SMT sibling of a dedicated cpu
     return tuple(sorted(cpus))
 
 

@@ -130,7 +130,9 @@ class Pools:
     ``dedicated`` holds exclusive cpus; ``reclaimed`` is where reclaimed work
     may run and includes the dedicated cpus of owners that allow it
     (``lendable``), so it overlaps ``dedicated`` there; ``idle`` are cpus of
-    whole-node bindings that nobody uses and that the reclaim target left out.
+    whole-node bindings that nobody uses and that the reclaim target left out;
+    ``held_back`` are cpus that reclaimed work would have (free, held or lent)
+    but may not use: SMT siblings of dedicated cpus (``policy.pools``).
     """
 
     reserved: Tuple[int, ...]
@@ -139,10 +141,11 @@ class Pools:
     dedicated: Tuple[int, ...]
     idle: Tuple[int, ...] = ()
     lendable: Tuple[int, ...] = ()
+    held_back: Tuple[int, ...] = ()
 
     def to_dict(self) -> Dict[str, List[int]]:
         return {"reserved": list(self.reserved), "shared": list(self.shared), "reclaimed": list(self.reclaimed),
-                "dedicated": list(self.dedicated)}
+                "dedicated": list(self.dedicated), "held_back": list(self.held_back)}
 
 
 Decision = Union[Allocation, Rejection]

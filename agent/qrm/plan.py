@@ -82,6 +82,9 @@ def render_core_map(topo: Topology, state: State, pool: Pools) -> List[str]:
         owner.setdefault(cpu, "C")
     for cpu in pool.idle:
         owner[cpu] = "."
+    for cpu in pool.held_back:
+        if owner.get(cpu) == "S":
+            owner[cpu] = "s"
     lines = []
     for numa in topo.numa_ids():
         cores = topo.cores_in_numa(numa)
@@ -90,7 +93,8 @@ def render_core_map(topo: Topology, state: State, pool: Pools) -> List[str]:
         cells = ["".join(owner.get(c, "?") for c in topo.cpus_in_core(core)) for core in cores]
         lines.append(f"numa {numa:>3}: " + " ".join(cells))
     legend = ", ".join(f"{v}={k}" for k, v in symbol.items())
-    lines.append("R reserved, S shared, C reclaimed, . held idle" + (f"; dedicated: {legend}" if legend else ""))
+    lines.append("R reserved, S shared, C reclaimed, . held idle" + (", s shared, never reclaimed's (SMT sibling "
+                 "of a dedicated cpu)" if pool.held_back else "") + (f"; dedicated: {legend}" if legend else ""))
     return lines
 
 
@@ -104,9 +108,12 @@ def render_plan(topo: Topology, state: State, rejected: Sequence[Rejection]) -> 
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
     lines.append("")
-    for name in ("reserved", "shared", "reclaimed", "dedicated"):
+    for name in ("reserved", "shared", "reclaimed", "dedicated", "held_back"):
         cpus = report["pools"][name]
-        lines.append(f"{name:<10} {len(cpus):>4} cpus  {format_cpulist(cpus) or '-'}")
+        if name == "held_back" and not cpus:
+            continue
+        lines.append(f"{name.replace('_', ' '):<10} {len(cpus):>4} cpus  {format_cpulist(cpus) or '-'}"
+                     + ("  (SMT siblings of dedicated cpus: no reclaimed work)" if name == "held_back" else ""))
     lines.append("")
     lines.extend(render_core_map(topo, state, pool))
     if rejected:

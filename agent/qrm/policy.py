@@ -20,6 +20,13 @@ Pools (derived from the state, never stored; see ``pools``):
   (``reclaim_allowed``); then whole cores carved from the shared pool's
   far end (highest NUMA node, highest core), so the carve grows and shrinks
   at one edge and the rest of the shared pool stays put.
+* held back (``Pools.held_back``): on SMT machines, the sibling threads of a
+  dedicated workload's cpus (one that does not lend them itself). A sibling
+  shares its core's pipeline, L1/L2 and their bandwidth with the dedicated
+  thread: reclaimed work never runs there, neither lent, carved nor
+  harvested at idle priority (online work of the shared pool may: it is the
+  node's own). ``state.reclaim_siblings`` (``--reclaimed-on-smt-siblings``)
+  gives them to reclaimed work where harvest matters more.
 """
 
 from __future__ import annotations
@@ -94,6 +101,7 @@ class State:
     allocations: Tuple[Allocation, ...] = ()
     reclaim_cpus: Optional[int] = None
     reclaim_millicpu: Optional[int] = None  # reclaimed capacity (headroom); None: the reclaim pool's cpus
+    reclaim_siblings: bool = False  # reclaimed work may run on a dedicated cpu's SMT siblings (an agent option)
 
     @property
     def totals(self) -> _Totals:
@@ -191,11 +199,35 @@ def _carve_order(topo: Topology, cpus: Set[int]) -> List[int]:
     return [c for core in cores for c in idx.core_cpus[core] if c in cpus]
 
 
+def smt_siblings_held_back(topo: Topology, state: State) -> Dict[int, str]:
+    """Each cpu reclaimed work may not use because it is an SMT sibling of a dedicated workload's cpu
+    (the workload's name): none where ``state.reclaim_siblings`` allows them, or on a node without SMT.
+    A workload that lends its own cpus (``reclaim_allowed``) has said reclaimed work may share its
+    cores; its siblings are not held back for it. Reserved cpus are never reclaimed's anyway."""
+    if state.reclaim_siblings:
+        return {}
+    idx = index(topo)
+    reserved = set(state.reserved)
+    out: Dict[int, str] = {}
+    for alloc in state.allocations:
+        if alloc.qos is not QoS.DEDICATED or alloc.reclaim_allowed:
+            continue
+        own = set(alloc.cpus)
+        for cpu in alloc.cpus:
+            for sibling in idx.core_cpus[topo.cpu(cpu).core]:
+                if sibling not in own and sibling not in reserved:
+                    out.setdefault(sibling, alloc.name)
+    return out
+
+
 def pools(topo: Topology, state: State) -> Pools:
     lay = _layout(topo, state)
-    lendable = set(lay.held) | state.totals.lendable
+    held_back = set(smt_siblings_held_back(topo, state))
+    lendable = (set(lay.held) | state.totals.lendable) - held_back
     target = state.reclaim_cpus
-    carvable = max(0, len(lay.free) - lay.shared_need)
+    # the shared pool may keep held-back cpus (online work may run beside online work): they count towards
+    # what shared requests need, and are never carved
+    carvable = max(0, min(len(lay.free - held_back), len(lay.free) - lay.shared_need))
     lend_order = sorted(lendable)
     if target is None:
         lent = set(lend_order)
@@ -203,14 +235,14 @@ def pools(topo: Topology, state: State) -> Pools:
     else:
         lent = set(lend_order[:target])
         carve = min(carvable, max(0, target - len(lent)))
-    order = _carve_order(topo, lay.free)
+    order = _carve_order(topo, lay.free - held_back)
     # carve whole cores only: stop before a core that would be split
     carved: List[int] = []
     idx = index(topo)
     position = 0
     while position < len(order) and len(carved) < carve:
         core = topo.cpu(order[position]).core
-        members = [c for c in idx.core_cpus[core] if c in lay.free]
+        members = [c for c in idx.core_cpus[core] if c in lay.free and c not in held_back]
         if len(carved) + len(members) > carve:
             break
         carved.extend(members)
@@ -220,7 +252,8 @@ def pools(topo: Topology, state: State) -> Pools:
     return Pools(
         reserved=tuple(sorted(lay.reserved)), shared=tuple(sorted(shared)), reclaimed=tuple(sorted(reclaimed)),
         dedicated=tuple(sorted(lay.dedicated)), idle=tuple(sorted(lay.held - lent)),
-        lendable=tuple(sorted(lendable)))
+        lendable=tuple(sorted(lendable)),
+        held_back=tuple(sorted(held_back & (lay.free | lay.held | state.totals.lendable))))
 
 
 def reclaimed_capacity(topo: Topology, state: State) -> int:

@@ -354,7 +354,7 @@ class Harvest:
         pool = self.owner.pools(state)
         lay = _layout(topo, state)
         if self.enforcement.harvest:
-            cpus = len(lay.free) + len(lay.reserved) + len(pool.lendable)
+            cpus = len(lay.free - set(pool.held_back)) + len(lay.reserved) + len(pool.lendable)
         else:
             cpus = len(pool.reclaimed)
         total = self.memory_total()

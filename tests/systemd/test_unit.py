@@ -200,6 +200,26 @@ def test_workloads_confined(node):
     node.before = seen
 
 
+def test_reclaimed_work_never_runs_on_a_dedicated_cpus_sibling(node):
+    """The VM's cores have two threads (scripts/systemd-vm.sh): the dedicated cpu's sibling thread is
+    held back from reclaimed work, by the kernel's word (its cpuset and the process's affinity)."""
+    status = tidal("status")
+    assert status["smt"]["threads_per_core"] == 2, status["smt"]
+    (dedicated,) = cpu_list(node.before["dedicated"]["cpuset.cpus.effective"])
+    siblings = cpu_list(read(f"/sys/devices/system/cpu/cpu{dedicated}/topology/thread_siblings_list"))
+    (sibling,) = set(siblings) - {dedicated}
+    assert status["smt"]["held_back"] == [{"cpu": sibling, "sibling_of": "dedicated"}], status["smt"]
+    reclaimed = node.procs["reclaimed"].pid
+    allowed = dict(line.split(":", 1) for line in read(f"/proc/{reclaimed}/status").splitlines())
+    cpus = cpu_list(allowed["Cpus_allowed_list"].strip())
+    effective = cpu_list(read(f"{CGROUP}{cgroup_of(reclaimed)}/cpuset.cpus.effective"))
+    print(f"dedicated cpu {dedicated}, its sibling {sibling}; reclaimed work on {cpus} (cpuset {effective})")
+    assert cpus and sibling not in cpus and dedicated not in cpus, cpus
+    assert effective and sibling not in effective, effective
+    # the shared workload's cpus may hold the sibling: online beside online is the node's own choice
+    assert sibling in cpu_list(status["pools"]["shared"]) or sibling in cpu_list(status["pools"]["reserved"])
+
+
 def unit_cpus(unit):
     """systemd's word (AllowedCPUs=, empty: unset) and the kernel's (the unit's cpuset.cpus.effective)."""
     props = dict(line.split("=", 1) for line in sh("systemctl", "show", unit, "--property=AllowedCPUs",

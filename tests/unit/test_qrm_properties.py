@@ -81,6 +81,15 @@ def check_pools(topo, state):
         if alloc.qos is QoS.DEDICATED:
             assert not seen & set(alloc.cpus)
             seen |= set(alloc.cpus)
+    # reclaimed work never on an SMT sibling of a dedicated cpu whose owner does not lend it (harvest or not)
+    idx = index(topo)
+    guarded = {s for a in state.allocations if a.qos is QoS.DEDICATED and not a.reclaim_allowed
+               for c in a.cpus for s in idx.core_cpus[topo.cpu(c).core]} - dedicated - reserved
+    from agent.qrm.assignment import reclaimed_cpus
+
+    for harvest in (False, True):
+        assert not set(reclaimed_cpus(pool, harvest)) & guarded, (harvest, guarded)
+    assert guarded & (shared | idle) <= set(pool.held_back) <= guarded  # status names every one, and no other
     # nobody else's dedicated cpus on a held node
     for alloc in state.allocations:
         for node in alloc.nodes:
