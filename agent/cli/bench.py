@@ -228,6 +228,24 @@ def bench_reserved(seconds: float, repeats: int, as_json: bool) -> None:
     emit_json(run(seconds, repeats))
 
 
+@bench.command("cpu-burst")
+@click.option("--seconds", default=20.0, show_default=True, type=FiniteRange(2, 600), help="Length of a round.")
+@click.option("--repeats", default=2, show_default=True, type=click.IntRange(1, 100))
+@click.option("--limit-millicpu", default=200, show_default=True, type=click.IntRange(10, 100000),
+              help="The service's cpu limit (its quota a 100 ms period).")
+@click.option("--gap-ms", default=500.0, show_default=True, type=FiniteRange(1, 60000),
+              help="Mean time between requests (exponential).")
+@click.option("--cost-ms", default=30.0, show_default=True, type=FiniteRange(0.1, 10000),
+              help="Cpu time a request costs.")
+@click.option("--json", "as_json", is_flag=True, help="JSON output (always JSON).")
+def bench_cpu_burst(seconds: float, repeats: int, limit_millicpu: int, gap_ms: float, cost_ms: float,
+                    as_json: bool) -> None:
+    """A bursty online service under a cpu limit, with the agent's cpu burst and without (needs root)."""
+    from agent.bench.cpu_burst import run
+
+    emit_json(run(seconds, repeats, limit_millicpu, gap_ms, cost_ms))
+
+
 @bench.command("overhead")
 @click.option("--workloads", default=200, show_default=True, type=click.IntRange(1, 5000))
 @click.option("--seconds", default=30.0, show_default=True, type=FiniteRange(5, 3600))

@@ -27,6 +27,8 @@ def _client(socket_path: str):
 @click.option("--cpus", type=FiniteRange(0, min_open=True), default=None,
               help="Whole cpus (dedicated_cores) or cpus (others).")
 @click.option("--millicpu", type=int, default=None, help="Millicores (shared/reclaimed; default 1000).")
+@click.option("--limit-millicpu", type=int, default=None,
+              help="shared_cores: a cpu limit (a quota), with the agent's burst above it (--online-cpu-burst).")
 @click.option("--numa-binding", is_flag=True, help="dedicated_cores: cpus and memory of one NUMA node.")
 @click.option("--numa-exclusive", is_flag=True, help="dedicated_cores: take the NUMA node alone.")
 @click.option("--tier", type=click.Choice(["high", "min", "low"]), default=None, help="reclaimed_cores tier.")
@@ -35,7 +37,7 @@ def _client(socket_path: str):
               help="Run COMMAND in this offline system's own cgroup instead (one the agent declares with "
                    "--offline-cgroup or --yarn-nodemanager-cgroup: a NodeManager, a ResourceManager); root only.")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
-def run(socket_path: str, qos: str, cpus, millicpu, numa_binding: bool, numa_exclusive: bool, tier, name,
+def run(socket_path: str, qos: str, cpus, millicpu, limit_millicpu, numa_binding: bool, numa_exclusive: bool, tier, name,
         offline_cgroup, command) -> None:
     """Run COMMAND in a workload: ask the agent for an allocation, join its cgroup, exec.
 
@@ -45,7 +47,7 @@ def run(socket_path: str, qos: str, cpus, millicpu, numa_binding: bool, numa_exc
     """
     if offline_cgroup is not None:
         ctx = click.get_current_context()
-        given = [o for o in ("qos", "cpus", "millicpu", "numa_binding", "numa_exclusive", "tier", "name")
+        given = [o for o in ("qos", "cpus", "millicpu", "limit_millicpu", "numa_binding", "numa_exclusive", "tier", "name")
                  if ctx.get_parameter_source(o) is not click.core.ParameterSource.DEFAULT]
         if given:
             raise TidalError(f"--offline-cgroup runs COMMAND outside Tidal's workloads: "
@@ -61,6 +63,8 @@ def run(socket_path: str, qos: str, cpus, millicpu, numa_binding: bool, numa_exc
         doc["millicpu"] = millicpu
     elif qos in ("shared_cores", "reclaimed_cores"):
         doc["millicpu"] = 1000
+    if limit_millicpu is not None:
+        doc["limit_millicpu"] = limit_millicpu
     if numa_binding:
         doc["numa_binding"] = True
     if numa_exclusive:

@@ -70,6 +70,10 @@ def parse_reserved(value: Optional[str]):
                    "load balancing; Linux >= 6.7), or plain cpusets (none). Falls back to plain cpusets where "
                    "the kernel refuses; `tidal status` says which.")
 @click.option("--no-resize", is_flag=True, help="Keep the reclaim pool at its maximum instead of sizing it from usage.")
+@click.option("--online-cpu-burst", default=100, show_default=True, type=click.IntRange(0, 100), metavar="PERCENT",
+              help="A shared_cores workload with a cpu limit (limit_millicpu) may burst above it by this share of "
+                   "its quota, from quota it left unused (cpu.max.burst / cpu.cfs_burst_us; Linux >= 5.14); 0: "
+                   "off. Never for reclaimed work.")
 @click.option("--reclaimed-on-smt-siblings", is_flag=True,
               help="Let reclaimed work run on the SMT sibling threads of dedicated cpus (by default they are held "
                    "back: a sibling shares the core's pipeline and caches with the dedicated thread).")
@@ -173,7 +177,7 @@ def parse_reserved(value: Optional[str]):
                    "and exit.")
 def agent(root: str, socket_path: str, state_dir: str, reserved_cpus, period: float, tcp_port, tcp_token_file,
           socket_group, max_workloads_per_user: int, plugin_uid, plugin_socket, cgroup_base: str,
-          cgroup_parent: str, no_resize: bool, reclaimed_on_smt_siblings: bool, revert: bool, push_command, push_url, push_format: str,
+          cgroup_parent: str, no_resize: bool, online_cpu_burst: int, reclaimed_on_smt_siblings: bool, revert: bool, push_command, push_url, push_format: str,
           push_resend: float, yarn_rm, yarn_node_id, yarn_node_host, offline_cgroups, nm_cgroups,
           yarn_container_tier: str, eviction_grace: float,
           memory_evict_below, memory_pressure_threshold: float, cpu_pressure_threshold: float,
@@ -197,7 +201,8 @@ def agent(root: str, socket_path: str, state_dir: str, reserved_cpus, period: fl
                              reclaimed_on_smt_siblings=reclaimed_on_smt_siblings,
                              revert_on_exit=revert, cgroups_in_memory=cgroups_in_memory, confine_self=not no_confine_self,
                              host_units=parse_host_units(host_units),
-                             cgroup_options=CgroupOptions(dedicated_partition=dedicated_partition),
+                             cgroup_options=CgroupOptions(dedicated_partition=dedicated_partition,
+                                                          online_cpu_burst_percent=online_cpu_burst),
                              push_command=parse_argv("--push-command", push_command), push_url=push_url,
                              push_format=push_format, push_resend=push_resend,
                              yarn_rm=check_yarn_rm(yarn_rm, yarn_node_id, yarn_node_host), yarn_node_id=yarn_node_id,

@@ -63,6 +63,7 @@ class Request:
     gpus: int = 0
     nic: Optional[str] = None
     label: Optional[str] = None  # what a person knows the workload by, where its name is an id (a pod's)
+    limit_millicpu: Optional[int] = None  # shared_cores: a cpu quota (cpu.max), with burst (CgroupOptions)
 
 
 @dataclass(frozen=True)
@@ -91,6 +92,7 @@ class Allocation:
     source: str = LOCAL  # who decides when it is gone (see SOURCES)
     owner: Optional[int] = None  # the uid that admitted it through the socket; None: root (agent.authority)
     label: Optional[str] = None  # a pod's namespace/name (its name is pod/<uid>)
+    limit_millicpu: Optional[int] = None  # shared_cores: its cpu quota, where it asked for one
 
     def to_dict(self) -> Dict[str, object]:
         return {
@@ -99,6 +101,7 @@ class Allocation:
             "numa_binding": self.numa_binding, "numa_exclusive": self.numa_exclusive,
             "reclaim_allowed": self.reclaim_allowed, "tier": self.tier.value, "source": self.source,
             "owner": self.owner, **({"label": self.label} if self.label is not None else {}),
+            **({"limit_millicpu": self.limit_millicpu} if self.limit_millicpu is not None else {}),
         }
 
     @classmethod
@@ -112,6 +115,7 @@ class Allocation:
             source=str(data.get("source", LOCAL)),
             owner=None if data.get("owner") is None else int(data["owner"]),
             label=None if data.get("label") is None else str(data["label"]),
+            limit_millicpu=None if data.get("limit_millicpu") is None else int(data["limit_millicpu"]),
         )
 
 

@@ -302,7 +302,8 @@ def allocate(topo: Topology, state: State, request: Request) -> Decision:
         if need > len(lay.free):
             return Rejection(request.name, f"shared pool would need {need} cpus; only {len(lay.free)} are not "
                                            f"reserved, dedicated or held by NUMA-exclusive workloads")
-        return Allocation(name=request.name, qos=QoS.SHARED, millicpu=request.millicpu, mems=_all_mems(topo))
+        return Allocation(name=request.name, qos=QoS.SHARED, millicpu=request.millicpu, mems=_all_mems(topo),
+                          limit_millicpu=request.limit_millicpu)
     if request.qos is QoS.RECLAIMED:
         pool = pools(topo, state)
         if not pool.reclaimed and not pool.shared:

@@ -87,7 +87,8 @@ def check_name(name: Any, pod: bool = False) -> str:
                              f"may not be a controller's, e.g. cpu., memory., cgroup.; nor tasks)")
     return name
 KNOWN_KEYS = {"name", "qos", KATALYST_QOS, "cpus", "millicpu", "numa_binding", "numa_exclusive", "single_numa_node",
-              "require_whole_cores", "reclaim_allowed", "tier", "gpus", "nic", *KATALYST_ENHANCEMENTS}
+              "require_whole_cores", "reclaim_allowed", "tier", "gpus", "nic", "limit_millicpu",
+              *KATALYST_ENHANCEMENTS}
 PLAIN_KEY = re.compile(r"[\w./-]{1,40}")  # a field name shown as it is in an error; any other, as its repr
 POD_KEYS = {"label"}  # only the pod source names these (a pod's namespace/name)
 LABEL = re.compile(r"^[a-z0-9][a-z0-9.-]{0,62}/[a-z0-9][a-z0-9.-]{0,252}$")
@@ -173,6 +174,8 @@ def parse_request(doc: Any, limits: Optional[Limits] = None, pod: bool = False) 
         raise AdmissionError(f"request {name!r}: nic must be an interface name")
 
     most_millicpu = limits.cpus * 1000
+    if "limit_millicpu" in doc and qos is not QoS.SHARED:
+        raise AdmissionError(f"request {name!r}: limit_millicpu applies to shared_cores only")
     if qos is QoS.DEDICATED:
         if "millicpu" in doc and "cpus" not in doc:
             millicpu = _count(name, "millicpu", doc["millicpu"], most_millicpu)
@@ -208,7 +211,14 @@ def parse_request(doc: Any, limits: Optional[Limits] = None, pod: bool = False) 
         millicpu = int(_count(name, "millicpu", doc["millicpu"], most_millicpu))
     else:
         raise AdmissionError(f"request {name!r}: {qos.value} needs millicpu (or cpus)")
-    return Request(name=name, qos=qos, millicpu=millicpu, tier=tier, label=label)
+    limit = None
+    if "limit_millicpu" in doc:
+        # the kernel's smallest quota is 1 ms a 100 ms period: 10 millicpu
+        limit = int(_count(name, "limit_millicpu", doc["limit_millicpu"], most_millicpu))
+        if limit < max(10, millicpu):
+            raise AdmissionError(f"request {name!r}: limit_millicpu {limit} is below its millicpu {millicpu} "
+                                 f"(or the kernel's least quota, 10)")
+    return Request(name=name, qos=qos, millicpu=millicpu, tier=tier, label=label, limit_millicpu=limit)
 
 
 def parse_requests(text: str, source: str = "requests", limits: Optional[Limits] = None) -> List[Request]:

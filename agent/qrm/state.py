@@ -140,6 +140,10 @@ def validate(state: State, topo: Topology) -> None:
             raise CorruptCheckpoint(f"{alloc.name}: millicpu {alloc.millicpu} is out of range")
         if alloc.owner is not None and not 0 <= alloc.owner < 1 << 32:
             raise CorruptCheckpoint(f"{alloc.name}: owner uid {alloc.owner} is out of range")
+        if alloc.limit_millicpu is not None and (alloc.qos is not QoS.SHARED
+                                                 or not 10 <= alloc.limit_millicpu < 1 << 40):
+            raise CorruptCheckpoint(f"{alloc.name}: a cpu limit of {alloc.limit_millicpu} millicpu on "
+                                    f"{alloc.qos.value} work")
         if not set(alloc.cpus) <= online or not set(alloc.mems) | set(alloc.nodes) <= numa_ids:
             raise CorruptCheckpoint(f"{alloc.name}: cpus or NUMA nodes that this node does not have")
         if alloc.cpus and alloc.qos is not QoS.DEDICATED:

@@ -194,6 +194,7 @@ class Admission:
             else None,
             "pids": sorted({pid for p in paths for pid in driver.procs(p)}),
             "usage_millicpu": self.harvest.usage.get(path) if path else None,
+            **({"limit_millicpu": alloc.limit_millicpu} if alloc.limit_millicpu is not None else {}),
         }
 
     def assignments(self) -> Dict[str, Any]:

@@ -64,6 +64,10 @@ def make_request(i, doc):
     return Request(name=f"w{i}", **doc)
 
 
+def lendable_by_owner(state):
+    return {c for a in state.allocations if a.qos is QoS.DEDICATED and a.reclaim_allowed for c in a.cpus}
+
+
 def check_pools(topo, state):
     pool = pools(topo, state)
     online = set(topo.online_cpus())
@@ -83,13 +87,15 @@ def check_pools(topo, state):
             seen |= set(alloc.cpus)
     # reclaimed work never on an SMT sibling of a dedicated cpu whose owner does not lend it (harvest or not)
     idx = index(topo)
+    # (a sibling may be another workload's dedicated cpu that it lends: held back too)
     guarded = {s for a in state.allocations if a.qos is QoS.DEDICATED and not a.reclaim_allowed
-               for c in a.cpus for s in idx.core_cpus[topo.cpu(c).core]} - dedicated - reserved
+               for c in a.cpus for s in idx.core_cpus[topo.cpu(c).core] if s not in a.cpus} - reserved
     from agent.qrm.assignment import reclaimed_cpus
 
     for harvest in (False, True):
         assert not set(reclaimed_cpus(pool, harvest)) & guarded, (harvest, guarded)
-    assert guarded & (shared | idle) <= set(pool.held_back) <= guarded  # status names every one, and no other
+    # status names every one that reclaimed work would otherwise have, and no other
+    assert guarded & (shared | idle | lendable_by_owner(state)) <= set(pool.held_back) <= guarded
     # nobody else's dedicated cpus on a held node
     for alloc in state.allocations:
         for node in alloc.nodes:

@@ -66,6 +66,9 @@ class CgroupOptions:
     # ((device, read_bps or None, write_bps or None), ...): offline work's block io limits (services.io_guard),
     # on the reclaimed tree and each reclaimed pod's cgroup; () lifts any found there (Tidal starts unthrottled)
     offline_io_max: tuple = ()
+    # a limited online workload's cpu burst: the share of its quota a period may borrow from what it left
+    # unused before (the kernel caps it at the quota: 100); 0 off. Reclaimed work never gets one
+    online_cpu_burst_percent: int = 100
 
 
 PARTITION_MODES = ("root", "isolated", "none")
@@ -225,6 +228,11 @@ def desired_tree(topo: Topology, state: State, pools: Pools, options: CgroupOpti
             continue
         if given.cpu_shares is not None:
             knobs["cpu_shares"] = given.cpu_shares
+        if alloc.qos is QoS.SHARED and alloc.limit_millicpu is not None:
+            quota = max(MIN_QUOTA_US, alloc.limit_millicpu * CPU_PERIOD_US // 1000)
+            knobs["cpu_max"] = (quota, CPU_PERIOD_US)
+            if features.get("cpu.burst"):
+                knobs["cpu_burst"] = quota * max(0, min(100, options.online_cpu_burst_percent)) // 100
         if alloc.qos is QoS.RECLAIMED:
             knobs["cpu_max"] = (MIN_QUOTA_US if parked else None, CPU_PERIOD_US)
         if partition and alloc.qos is QoS.DEDICATED and given.cpus:

@@ -70,6 +70,7 @@ def detect(fs: HostFS) -> CgroupMounts:
         controllers = (fs.read(f"{unified}/cgroup.controllers") or "").split()
         if "cpu" in controllers and "cpuset" in controllers:
             features = {"cpu.idle": fs.exists(f"{unified}/cpu.idle") or _child_has(fs, unified, "cpu.idle"),
+                        "cpu.burst": _child_has(fs, unified, "cpu.max.burst"),
                         "memory": "memory" in controllers,
                         # memory.low/min: v2 only
                         "memory_protection": "memory" in controllers,
@@ -77,6 +78,7 @@ def detect(fs: HostFS) -> CgroupMounts:
             return CgroupMounts(2, {"": unified}, unified, features)
     if "cpuset" in v1 and "cpu" in v1:
         features = {"cpu.idle": fs.exists(f"{v1['cpu']}/cpu.idle"), "memory": "memory" in v1,
+                    "cpu.burst": fs.exists(f"{v1['cpu']}/cpu.cfs_burst_us"),
                     "cpuacct": "cpuacct" in v1}
         return CgroupMounts(1, v1, unified, features)
     raise CgroupError("no usable cgroups: need cgroup v2 with the cpu and cpuset controllers, "

@@ -149,7 +149,8 @@ class KernelCgroups:
         have no other cgroup to look at)."""
         self.create(base)
         directory = self._dir("", base)
-        for feature, file in (("cpu.idle", "cpu.idle"), ("memory", "memory.max"), ("psi", "cpu.pressure"),
+        for feature, file in (("cpu.idle", "cpu.idle"), ("cpu.burst", "cpu.max.burst"), ("memory", "memory.max"),
+                              ("psi", "cpu.pressure"),
                               ("partition", "cpuset.cpus.exclusive"), ("io", "io.max")):
             self.features[feature] = os.path.exists(os.path.join(directory, file))
 

@@ -8,6 +8,7 @@
 | partition   | (none)                                         | cpuset.cpus.partition   |
 | cpu_shares  | cpu: cpu.shares                                | cpu.weight (converted)  |
 | cpu_max     | cpu: cpu.cfs_period_us, then cpu.cfs_quota_us  | cpu.max "quota period"  |
+| cpu_burst   | cpu: cpu.cfs_burst_us                          | cpu.max.burst           |
 | cpu_idle    | cpu: cpu.idle                                  | cpu.idle                |
 | memory_max  | memory: memory.limit_in_bytes (-1 = none)      | memory.max ("max")      |
 | memory_high | (none)                                         | memory.high             |
@@ -18,7 +19,8 @@
 
 Values are logical: ``cpus``/``mems`` cpu-list strings, ``cpu_shares`` in
 v1 shares (1024 per cpu; the kubelet's unit), ``cpu_max`` a pair
-``(quota_us or None, period_us)``, memory in bytes or ``None`` for no limit,
+``(quota_us or None, period_us)``, ``cpu_burst`` microseconds of unused
+quota a period may borrow (never above the quota: the kernel refuses), memory in bytes or ``None`` for no limit,
 ``io_max`` the bandwidth limits ``((device, read_bps or None, write_bps or
 None), ...)`` of every device (``()``: none anywhere).
 
@@ -85,6 +87,9 @@ def files_for(version: int, knob: str, value: Any) -> List[FileWrite]:
             return [("cpu", "cpu.cfs_period_us", str(int(period))),
                     ("cpu", "cpu.cfs_quota_us", "-1" if quota is None else str(int(quota)))]
         return [("", "cpu.max", f"{'max' if quota is None else int(quota)} {int(period)}")]
+    if knob == "cpu_burst":
+        return [("cpu", "cpu.cfs_burst_us", str(int(value)))] if version == 1 else \
+            [("", "cpu.max.burst", str(int(value)))]
     if knob == "cpu_idle":
         return [("cpu", "cpu.idle", str(int(value)))] if version == 1 else [("", "cpu.idle", str(int(value)))]
     if knob == "memory_max":

@@ -273,7 +273,14 @@ class Reconciler:
                     for controller, file, text in files_for(version, knob, spec.knobs[knob]):
                         self._write(report, spec.path, controller, file, text)
         # 5. quotas like cpusets: v1 refuses a parent quota below a child's
-        #    (EINVAL), so raise top-down first, then lower bottom-up
+        #    (EINVAL), so raise top-down first, then lower bottom-up. A burst may not exceed its quota
+        #    (EINVAL on either file): one that shrinks is written first, one that grows with the others (6.)
+        for spec in specs:
+            if "cpu_burst" in spec.knobs:
+                for controller, file, text in files_for(version, "cpu_burst", spec.knobs["cpu_burst"]):
+                    actual = self._read(controller, spec.path, file)
+                    if actual is not None and actual.strip().isdigit() and int(actual) > int(text):
+                        self._write(report, spec.path, controller, file, text, final=False)
         for spec in specs:
             if "cpu_max" in spec.knobs:
                 quota, period = spec.knobs["cpu_max"]

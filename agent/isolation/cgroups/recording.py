@@ -20,7 +20,7 @@ class RecordingCgroups:
 
     def __init__(self, version: int = 1, features: Optional[Dict[str, bool]] = None) -> None:
         self.version = version
-        self.features = dict(features or {"cpu.idle": True, "memory": True})
+        self.features = dict(features or {"cpu.idle": True, "cpu.burst": True, "memory": True})
         self.files: Dict[str, Dict[Tuple[str, str], str]] = {"": {}}
         self.members: Dict[str, List[int]] = {"": []}
         self.ops: List[Tuple] = []
