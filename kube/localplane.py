@@ -19,6 +19,8 @@ import tempfile
 import time
 from typing import Dict, List, Optional
 
+from common.process import terminate
+
 TOKEN = "tidal-e2e-admin-token"
 DEFAULT_TESTBIN = os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")),
                                "tidal", "k8s-testbin", "v" + os.environ.get("K8S_VERSION", "1.34.4"))
@@ -72,17 +74,6 @@ def _tail(path: str, lines: int = 15) -> str:
             return "".join(handle.readlines()[-lines:])
     except OSError:
         return ""
-
-
-def _terminate(proc: Optional[subprocess.Popen]) -> None:
-    if proc is None or proc.poll() is not None:
-        return
-    proc.terminate()
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
 
 
 class ControlPlane:
@@ -157,7 +148,7 @@ class ControlPlane:
         _wait(healthy, "kube-apiserver", timeout=120, proc=api, log=f"{d}/kube-apiserver.log")
 
     def stop_apiserver(self) -> None:
-        _terminate(self.procs.pop("kube-apiserver", None))
+        terminate(self.procs.pop("kube-apiserver", None))
 
     def kubeconfig(self) -> str:
         path = f"{self.dir}/kubeconfig"
@@ -224,7 +215,7 @@ current-context: e2e
     def stop(self) -> None:
         # what runs beside the plane (a scheduler under test, KWOK) first, then the API server and etcd
         for name in [n for n in self.procs if n not in ("kube-apiserver", "etcd")] + ["kube-apiserver", "etcd"]:
-            _terminate(self.procs.pop(name, None))
+            terminate(self.procs.pop(name, None))
         if not os.environ.get("TIDAL_K8S_KEEP"):
             shutil.rmtree(self.dir, ignore_errors=True)
 

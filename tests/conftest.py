@@ -78,14 +78,9 @@ def is_root() -> bool:
 
 def terminate(proc, timeout: float = 60) -> None:
     """SIGTERM a test's process and reap it; SIGKILL it if it has not exited within ``timeout``."""
-    if proc is None or proc.poll() is not None:
-        return
-    proc.terminate()
-    try:
-        proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+    from common.process import terminate as stop
+
+    stop(proc, timeout)
 
 
 def cpuset_dir(driver, path: str) -> str:

@@ -31,6 +31,7 @@ import uuid
 from typing import Any, Dict, List
 
 from agent.errors import TidalError
+from common.process import terminate
 from common.timing import median, percentile
 
 # the service, run inside the workload: its own cgroup's cpu.stat (v1 or v2), then requests for SECONDS
@@ -116,12 +117,7 @@ def one_round(treatment: str, seconds: float, limit_millicpu: int, gap_ms: float
                 raise TidalError(f"bench cpu-burst: the service failed: {done.stderr.strip()[-300:]}")
             return json.loads(done.stdout)
         finally:
-            agent.terminate()
-            try:
-                agent.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                agent.kill()
-                agent.wait()
+            terminate(agent)
 
 
 def run(seconds: float = 20.0, repeats: int = 2, limit_millicpu: int = 200, gap_ms: float = 500.0,

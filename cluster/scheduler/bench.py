@@ -37,6 +37,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 
+from common.process import terminate
 from common.timing import percentile
 from kube.rest import Rest
 from cluster.scheduler.fleet import Fleet
@@ -226,7 +227,7 @@ def run_phase(plane, fleet: Fleet, phase: Phase, pods: int, numa_share: float, m
     result["numa_bound_pods"] = int(sum(numa))
     result["numa_infeasible"] = numa_infeasible(watch.nodes, dict(zip(names, numa)), reports)
     watch.stop.set()
-    _stop(proc)
+    terminate(proc, timeout=20)
     plane.procs.pop(phase.name, None)
     progress(f"{phase.name}: {result.get('pods_per_s')} pods/s; deleting its pods")
     delete_pods(rest)
@@ -247,16 +248,6 @@ def _start_and_probe(plane, fleet: Fleet, phase: Phase, watch: BoundWatch, progr
     fleet.rest.call("DELETE", f"/api/v1/namespaces/{NAMESPACE}/pods/{probe}?gracePeriodSeconds=0")
     progress(f"{phase.name}: ready")
     return proc
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def kube_scheduler_phase(plane) -> Phase:
