@@ -306,9 +306,9 @@ def allocate(topo: Topology, state: State, request: Request) -> Decision:
                           limit_millicpu=request.limit_millicpu)
     if request.qos is QoS.RECLAIMED:
         pool = pools(topo, state)
-        if not pool.reclaimed and not pool.shared:
-            return Rejection(request.name, "no cpu is left for reclaimed work (every cpu is reserved or dedicated; "
-                                           "the reserved pool is never lent)")
+        if not pool.reclaimed and not set(pool.shared) - set(pool.held_back):
+            return Rejection(request.name, "no cpu is left for reclaimed work (every cpu is reserved, dedicated or "
+                                           "an SMT sibling of a dedicated cpu; the reserved pool is never lent)")
         capacity_m = reclaimed_capacity(topo, state)
         used_m = state.totals.reclaimed_millicpu
         if used_m + request.millicpu > capacity_m:

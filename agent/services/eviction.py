@@ -102,8 +102,8 @@ class Eviction:
         if not victims or reclaimed_cpus(owner.pools(), harvest):
             return []
         for alloc in victims:
-            self.evict(alloc, "no cpu is left for reclaimed work (every cpu is reserved or dedicated; the reserved "
-                              "pool is never lent)", cause="cpu", capacity_millicpu=0)
+            self.evict(alloc, "no cpu is left for reclaimed work (every cpu is reserved, dedicated or an SMT sibling "
+                              "of a dedicated cpu; the reserved pool is never lent)", cause="cpu", capacity_millicpu=0)
         return [a.name for a in victims]
 
     def overcommit(self, now: float) -> None:

@@ -31,7 +31,8 @@ import uuid
 from typing import Dict, List, Optional
 
 from tests.cgroup_trees import remove_cgroup_tree
-from tests.k8s.controlplane import ControlPlane, _tail, _terminate, _wait, free_port
+from common.process import terminate
+from tests.k8s.controlplane import ControlPlane, _tail, _wait, free_port
 
 SERVICE_CIDR = "198.19.254.0/24"
 API_ADDRESS = "198.19.254.1"
@@ -305,7 +306,7 @@ serializeImagePulls: false
         argv, env = proc.args, None
         if name == "containerd":
             env = dict(os.environ, PATH=f"{self.node_bin}:{os.environ.get('PATH', '')}")
-        _terminate(self.plane.procs.pop(name))
+        terminate(self.plane.procs.pop(name))
         new = self._spawn(name, list(argv), env=env)
         if name == "containerd":
             _wait(lambda: self.ctr("version").returncode == 0, "containerd", timeout=60, proc=new,
@@ -332,16 +333,16 @@ serializeImagePulls: false
                 time.sleep(1)
         if self.plane is not None:
             for name in ("kubelet",):
-                _terminate(self.plane.procs.pop(name, None))
+                terminate(self.plane.procs.pop(name, None))
             if "containerd" in self.plane.procs:
                 # containers the kubelet did not stop: their shims outlive containerd otherwise
                 for task in self.ctr("tasks", "list", "--quiet").stdout.split():
                     self.ctr("tasks", "kill", "--signal", "SIGKILL", task)
                 time.sleep(1)
-                _terminate(self.plane.procs.pop("containerd", None))
+                terminate(self.plane.procs.pop("containerd", None))
             subprocess.run(["pkill", "-f", f"containerd-shim-runc-v2 .*{self.dir}"], capture_output=True)
             for name in ("kube-controller-manager",):
-                _terminate(self.plane.procs.pop(name, None))
+                terminate(self.plane.procs.pop(name, None))
             keep = os.environ.get("TIDAL_K8S_KEEP")
             os.environ["TIDAL_K8S_KEEP"] = "1"
             self.plane.stop()

@@ -121,3 +121,14 @@ def test_the_agents_flag_lets_reclaimed_work_on_the_siblings(make_agent, hwloc_t
     agent.admit({"name": "online", "qos": "dedicated_cores", "cpus": 1})
     agent.reconcile()
     assert agent.status()["smt"]["held_back"] == [] and agent.status()["smt"]["reclaimed_on_siblings"] is True
+
+
+def test_with_only_siblings_left_reclaimed_work_is_refused_with_why():
+    topo = hwloc_topology("2i386-2t-hugepagesizecount")  # one core of two threads
+    assert topo.threads_per_core == 2 and len(topo.online_cpus()) == 2
+    state = initial_state(topo, reserved=())
+    state, _ = admit(topo, state, Request("online", QoS.DEDICATED, cpus=1, millicpu=1000))
+    decision = allocate(topo, state, Request("batch", QoS.RECLAIMED, millicpu=100))
+    assert "SMT sibling of a dedicated cpu" in decision.reason
+    allowed = dataclasses.replace(state, reclaim_siblings=True)
+    assert not hasattr(allocate(topo, allowed, Request("batch", QoS.RECLAIMED, millicpu=100)), "reason")
