@@ -8,7 +8,7 @@ import json
 import subprocess
 
 CLIENT = r'''
-import http.client, json, socket, sys
+import http.client, json, socket, sys, time
 
 class Unix(http.client.HTTPConnection):
     def __init__(self, path):
@@ -20,14 +20,15 @@ class Unix(http.client.HTTPConnection):
 
 def call(where, method, path, body=None, headers=None, raw=None):
     conn = Unix(where) if where.startswith("/") else http.client.HTTPConnection("127.0.0.1", int(where), timeout=10)
+    start = time.monotonic()
     try:
         data = raw.encode("latin-1") if raw is not None else None if body is None else json.dumps(body).encode()
         conn.request(method, path, body=data, headers={"Content-Type": "application/json", **(headers or {})})
         response = conn.getresponse()
         text = response.read().decode(errors="replace")
-        return [response.status, text[:300]]
+        return [response.status, text[:300], time.monotonic() - start]
     except OSError as exc:
-        return ["refused", str(exc)]
+        return ["refused", str(exc), time.monotonic() - start]
     finally:
         conn.close()
 
@@ -37,8 +38,9 @@ print(json.dumps([call(*step) for step in plan]))
 
 
 def run_as(user, plan, groups=()):
-    """Each ``[where, method, path, body?, headers?, raw?]`` of ``plan`` as ``user``: ``[[status, text], ...]``
-    (``where``: a unix socket path, or a loopback TCP port)."""
+    """Each ``[where, method, path, body?, headers?, raw?]`` of ``plan`` as ``user``: ``[[status, text, seconds],
+    ...]`` (``where``: a unix socket path, or a loopback TCP port; ``seconds``: from connecting to the answer,
+    the interpreter's own start left out)."""
     done = subprocess.run(["/usr/bin/python3", "-c", CLIENT], input=json.dumps(plan), user=user.pw_uid,
                           group=user.pw_gid, extra_groups=[user.pw_gid, *groups], capture_output=True, text=True,
                           timeout=120, cwd="/")

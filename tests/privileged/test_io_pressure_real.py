@@ -11,6 +11,7 @@ v1 (the host): online's io pressure is read from the online cgroups (the cgroup2
 nothing is limited (``isolation.cgroups.blockio`` says why)."""
 
 import os
+import select
 import subprocess
 import sys
 import threading
@@ -35,9 +36,10 @@ LOOKUPS = ("import mmap, os, random, sys, threading, time\non = threading.Event(
            "fd = os.open(sys.argv[1], os.O_RDONLY | os.O_DIRECT)\nblocks = os.fstat(fd).st_size // 4096\n"
            "buf = mmap.mmap(-1, 4096)\nrng = random.Random(1)\nwhile True:\n    on.wait()\n"
            "    os.preadv(fd, [buf], rng.randrange(blocks) * 4096)\n    time.sleep(0.001)\n")
-# once told, four threads each reading 1 MiB at a time from its own quarter of the file, round and round, as
+# ready (says so) and, once told, four threads each reading 1 MiB at a time from its own quarter of the file, round and round, as
 # fast as the device gives them (a batch job's parallel scan: several requests in the device's queue at once)
-STREAM = ("import mmap, os, sys, threading\nsys.stdin.readline()\nfd = os.open(sys.argv[1], os.O_RDONLY | os.O_DIRECT)\n"
+STREAM = ("import mmap, os, sys, threading\nfd = os.open(sys.argv[1], os.O_RDONLY | os.O_DIRECT)\n"
+          "print('ready', flush=True)\nsys.stdin.readline()\n"
           "quarter = os.fstat(fd).st_size // 4\ndef scan(start):\n    buf, offset = mmap.mmap(-1, 1 << 20), 0\n"
           "    while True:\n        offset = 0 if offset >= quarter else offset + os.preadv(fd, [buf], start + offset)\n"
           "threads = [threading.Thread(target=scan, args=(i * quarter,)) for i in range(4)]\n"
@@ -51,6 +53,12 @@ def write_file(path, mib):
             handle.write(block)
         handle.flush()
         os.fsync(handle.fileno())
+
+
+def ready(proc, seconds):
+    """Whether ``proc`` said it is ready within ``seconds``."""
+    readable, _, _ = select.select([proc.stdout], [], [], seconds)
+    return bool(readable) and proc.stdout.readline().strip() == "ready"
 
 
 def tell(proc, line):
@@ -124,7 +132,8 @@ def test_online_io_pressure_limits_offline_io_on_its_device(tmp_path):
         agent.admit({"name": "web", "qos": "shared_cores", "millicpu": 500})
         agent.admit({"name": "batch", "qos": "reclaimed_cores", "millicpu": 100, "tier": "low"})
         web = subprocess.Popen([sys.executable, "-c", LOOKUPS, files[0]], stdin=subprocess.PIPE, text=True)
-        batch = subprocess.Popen([sys.executable, "-c", STREAM, files[1]], stdin=subprocess.PIPE, text=True)
+        batch = subprocess.Popen([sys.executable, "-c", STREAM, files[1]], stdin=subprocess.PIPE,
+                                 stdout=subprocess.PIPE, text=True)
         procs += [web, batch]
         agent.attach("web", web.pid)
         agent.attach("batch", batch.pid)
@@ -137,14 +146,18 @@ def test_online_io_pressure_limits_offline_io_on_its_device(tmp_path):
         agent.start_guard()
         alone = io_wait_share(agent, leaf, 2.0)
         assert agent.counters["io_pressure_throttles"] == 0, f"limited with no offline io (online waited {alone:.1f}%)"
-        # offline alone: online pauses and the scan starts; once it reads (the interpreter's start under
-        # emulation takes a second or two) and has read for a second, nothing is limited: online does not wait
+        # offline alone: online pauses and the scan starts; once it reads and has read for a second, nothing
+        # is limited: online does not wait. The scan's interpreter starts in the reclaimed tree, on what
+        # online leaves: under the v2 tier's emulation that took more than 15 s once, so it says when ready
+        assert ready(batch, 60), (f"the scan's interpreter did not start in 60 s: reclaimed cpu.max "
+                                  f"{agent.driver.read('', reclaimed, 'cpu.max')!r}")
         tell(web, "stop")
         idle = offline_read(agent, reclaimed)
         tell(batch, "go")
         deadline = time.monotonic() + 15
         while offline_read(agent, reclaimed) <= idle:
-            assert time.monotonic() < deadline, "the offline scan read nothing in 15 s"
+            assert time.monotonic() < deadline, (f"the offline scan read nothing in 15 s: reclaimed cpu.max "
+                                                 f"{agent.driver.read('', reclaimed, 'cpu.max')!r}")
             time.sleep(0.05)
         time.sleep(1.0)
         assert agent.counters["io_pressure_throttles"] == 0, "offline io limited while online read nothing"

@@ -56,7 +56,7 @@ def stranger():
 
 def as_user(user, plan):
     """The statuses of ``plan``'s requests made as ``user`` (``tests/privileged/local_user.py``)."""
-    return [status for status, _ in run_as(user, [step[:3] + ([step[3]] if len(step) > 3 else []) +
+    return [got[0] for got in run_as(user, [step[:3] + ([step[3]] if len(step) > 3 else []) +
                                                  ([{"Authorization": "Bearer " + step[4]}] if len(step) > 4 else [])
                                                  for step in plan])]
 

@@ -165,15 +165,19 @@ def test_one_users_slow_clients_leave_root_the_token_holder_and_the_plugin_serve
             assert time.monotonic() < deadline and flood.poll() is None, root.request("GET", "/v1/status")["api"]
             time.sleep(0.2)
         for _ in range(3):  # across the 10 s request deadline: the flood reconnects, the others stay served
+            # each answered at once, not after a slot the deadline freed: root within its client's 5 s, the
+            # others timed from their connect (the user's interpreter start, 1-3 s under the v2 tier's
+            # emulation, is not the agent's)
             start = time.monotonic()
             assert AgentClient(agent["sock"], timeout=5).request("GET", "/v1/health") == {"ok": True}  # root
+            assert time.monotonic() - start < 5
             token = {"Authorization": f"Bearer {agent['token']}"}
             got = as_user(users["honest"], [
                 [agent["tcp"], "GET", "/v1/workloads", None, token],  # the token holder
                 [agent["plugin"], "GET", "/v1/assignments", None, {"X-Tidal-NRI": "registered"}],  # the plugin
             ])
             assert [g[0] for g in got] == [200, 200], got
-            assert time.monotonic() - start < 10
+            assert all(g[2] < 5 for g in got), got
             # the attacker itself gets no more than its share: one more request of its own is turned away.
             # Its flood takes back a slot the 10 s deadline closed within ~0.2-2 s, and a request landing in
             # that gap is fairly served (the v2 tier's emulation once did): asked up to 10 times, it is
@@ -253,7 +257,7 @@ def test_bad_numbers_and_nesting_are_400_with_one_line(agent, users, raw, why):
     from agent.client import AgentClient
 
     got = as_user(users["attacker"], [[agent["sock"], "POST", "/v1/workloads", None, None, raw]], group=users["group"])
-    status, text = got[0]
+    status, text = got[0][:2]
     assert status == 400, got
     error = json.loads(text)["error"]
     assert why in error and "\n" not in error, error
