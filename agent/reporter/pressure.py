@@ -64,6 +64,23 @@ class PressureFiles:
             self._fds.pop(key, None)
             return None
 
+    def node_total(self, resource: str, kind: str = "some") -> Optional[float]:
+        """The node's cumulative stall (``/proc/pressure/<resource>``, ``kind``'s ``total``, microseconds),
+        from a file kept open like the cgroups'; None without PSI."""
+        key = ("/proc/pressure", resource)
+        fd = self._fds.get(key)
+        try:
+            if fd is None:
+                fd = self._fds[key] = os.open(f"/proc/pressure/{resource}", os.O_RDONLY)
+            for line in os.pread(fd, 4096, 0).decode().splitlines():
+                if line.startswith(kind + " "):
+                    return float(line.rpartition("total=")[2])
+        except (OSError, ValueError):
+            if fd is not None:
+                os.close(fd)
+            self._fds.pop(key, None)
+        return None
+
     def close(self) -> None:
         for fd in self._fds.values():
             os.close(fd)
@@ -72,9 +89,14 @@ class PressureFiles:
 
 class PressureMeter:
     def __init__(self, read: PressureReader, paths: Callable[[], Iterable[str]], resource: str = "memory",
-                 kind: str = "some", node: Optional[Callable[[str], Optional[Dict[str, Dict[str, float]]]]] = None
-                 ) -> None:
+                 kind: str = "some", node: Optional[Callable[[str], Optional[Dict[str, Dict[str, float]]]]] = None,
+                 gate: Optional[Callable[[], Optional[float]]] = None) -> None:
+        """``gate``: the node's cumulative stall of the same kind (``PressureFiles.node_total``). Where it
+        has not moved since the last sample no task anywhere stalled, online's neither: the sample is 0
+        without reading each online cgroup (one read instead of one per cgroup, every guard interval)."""
         self.read = read
+        self.gate = gate
+        self._gate: Optional[float] = None
         self.paths = paths
         self.resource = resource
         self.kind = kind
@@ -103,6 +125,13 @@ class PressureMeter:
     def sample(self, now: float) -> Optional[float]:
         """The worst online cgroup's stall share (percent) since the previous sample; ``None`` on the
         first sample and where the kernel keeps no PSI."""
+        if self.gate is not None:
+            gate, last_gate = self.gate(), self._gate
+            self._gate = gate
+            if gate is not None and gate == last_gate and self.scope == "cgroups" and self._last[0] is not None:
+                self._last = (now, self._last[1])  # the online cgroups' totals are where they were
+                self.percent = 0.0
+                return self.percent
         scope, totals = self._totals()
         last_time, last = self._last
         self._last = (now, {path: total for path, (total, _) in totals.items()})

@@ -72,7 +72,9 @@ class FastGuard:
         base = self.harvest.enforcement.base
         readers = [self.harvest.driver.usage_reader(p) for p in (f"{base}/shared", f"{base}/system")]
         files = PressureFiles(getattr(self.harvest.driver, "membership_dir", lambda path: None))
-        pressure = PressureMeter(files.read, self.harvest.online_cgroups, "memory")
+        # stalls on memory are rare: the node's one figure says when the online cgroups' need reading
+        pressure = PressureMeter(files.read, self.harvest.online_cgroups, "memory",
+                                 gate=lambda: files.node_total("memory"))
         cpu_pressure = PressureMeter(files.read, self.harvest.online_cgroups, "cpu")
         io_pressure = PressureMeter(files.read, self.harvest.online_cgroups, "io")
         cpu_every = max(1, round(WINDOW_S / self.harvest.config.guard_interval))  # intervals per cpu pressure sample
@@ -105,6 +107,11 @@ class FastGuard:
                             # counted once written: whoever reads the count (status, metrics) finds the
                             # limit in the kernel (the VM tier once read io.max between the two)
                             counters["io_pressure_throttles"] = counters.get("io_pressure_throttles", 0) + 1
+            with self.harvest.owner.lock:
+                carved = self.carved()
+            if not carved:  # nothing lent to take back: online's use is not read (two intervals after
+                history.clear()  # lending starts, the rate is known again)
+                continue
             total = sum(read() or 0 for read in readers)
             history.append((now, total))
             del history[:-2]

@@ -432,3 +432,72 @@ def test_a_reclaimed_pod_in_the_kubelets_cgroups_is_capped_at_the_reclaimed_capa
     for path in paths:
         assert specs[path]["cpu_max"] == specs["tidal/reclaimed"]["cpu_max"] == (70000, 100000), path
         assert (specs[path].get("cpu_idle"), specs[path].get("cpu_shares")) == ((1, None) if cpu_idle else (None, 2))
+
+
+class _CountingReads(RecordingCgroups):
+    """The in-memory tree, noting each file read."""
+
+    def __init__(self, version: int = 1) -> None:
+        super().__init__(version=version)
+        self.reads = []
+
+    def read(self, controller: str, path: str, file: str):
+        self.reads.append((path, file))
+        return super().read(controller, path, file)
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_between_verifying_passes_tidals_own_files_are_not_read_back(version):
+    driver = _CountingReads(version=version)
+    driver.create("kubepods/pod1")  # a pod's cgroup, the kubelet's: read every pass
+    rec = Reconciler(driver, "tidal")
+    pod = CgroupSpec("kubepods/pod1", {"cpus": "3-4"}, "default.pod1", external=True)
+
+    def tree(cap):
+        return desired_tree(TOPO, STATE, pools(TOPO, STATE), CgroupOptions(reclaimed_cap_millicpu=cap),
+                            driver.features) + [pod]
+
+    assert rec.apply(tree(2000), verify=False).ok  # the first pass trusts nothing: it reads what it writes
+    first = len(driver.reads)
+    assert first > 20
+    # the reclaimed capacity moves: one quota written, and of Tidal's own files none read back
+    driver.reads.clear()
+    report = rec.apply(tree(1500), verify=False)
+    quota = "cpu.cfs_quota_us" if version == 1 else "cpu.max"
+    assert report.ok and [(p, f) for p, f, _ in report.written] == [("tidal/reclaimed", quota)], report.written
+    assert {p for p, _ in driver.reads} <= {"kubepods/pod1"}, driver.reads
+    assert ("kubepods/pod1", "cpuset.cpus") in driver.reads
+    # someone else's change to Tidal's tree waits for the next verifying pass, which reads it all and repairs it
+    cpus = ("cpuset", "cpuset.cpus") if version == 1 else ("", "cpuset.cpus")
+    driver.files["tidal/dedicated/web"][cpus] = "0-15"
+    assert rec.apply(tree(1000), verify=False).repaired == []
+    assert driver.files["tidal/dedicated/web"][cpus] == "0-15"
+    driver.reads.clear()
+    report = rec.apply(tree(1000), verify=True)
+    assert [(p, f) for p, f, _, _ in report.repaired] == [("tidal/dedicated/web", "cpuset.cpus")]
+    assert driver.files["tidal/dedicated/web"][cpus] == "1-2,9-10"
+    assert len(driver.reads) >= first
+
+
+def test_a_write_that_failed_is_read_again_on_the_next_pass():
+    driver = _CountingReads(version=2)
+    rec = Reconciler(driver, "tidal")
+    specs = desired_tree(TOPO, STATE, pools(TOPO, STATE), CgroupOptions(), driver.features)
+    assert rec.apply(specs).ok
+    refuse = {"on": True}
+    write = driver.write
+
+    def failing(controller, path, file, text):
+        if refuse["on"] and path == "tidal/reclaimed" and file == "cpu.max":
+            raise CgroupError("tidal/reclaimed/cpu.max: Invalid argument")
+        write(controller, path, file, text)
+
+    driver.write = failing
+    capped = desired_tree(TOPO, STATE, pools(TOPO, STATE), CgroupOptions(reclaimed_cap_millicpu=1000),
+                          driver.features)
+    assert not rec.apply(capped, verify=False).ok
+    refuse["on"] = False
+    driver.reads.clear()
+    report = rec.apply(capped, verify=False)  # after a failed pass nothing is trusted: the file is read
+    assert report.ok and ("tidal/reclaimed", "cpu.max") in driver.reads
+    assert driver.files["tidal/reclaimed"][("", "cpu.max")] == "100000 100000"

@@ -149,6 +149,37 @@ def test_pressure_meter_reports_the_worst_cgroups_stall_share_over_the_interval(
     assert meter.sample(103.0) == 0.0
 
 
+def test_while_the_node_stalls_nowhere_the_online_cgroups_are_not_read():
+    totals = {"tidal/shared": 0.0, "tidal/system": 0.0}
+    node = {"us": 0.0}
+    reads = []
+
+    def read(path, resource):
+        reads.append(path)
+        return {"some": {"avg10": 0.0, "total": totals[path]}} if path in totals else None
+
+    meter = PressureMeter(read, lambda: ["tidal/shared", "tidal/system"], "memory", gate=lambda: node["us"])
+    assert meter.sample(10.0) is None and len(reads) == 2  # the first sample reads every cgroup
+    reads.clear()
+    assert meter.sample(10.05) == 0.0 and reads == []  # nothing anywhere stalled: no cgroup read
+    assert meter.sample(10.10) == 0.0 and reads == []
+    # a stall somewhere: the cgroups are read, over the interval since the last sample (not since the
+    # last read: the quiet samples count)
+    node["us"] += 30_000
+    totals["tidal/system"] += 20_000
+    assert meter.sample(10.20) == 20.0 and len(reads) == 2
+    # offline alone stalls (the node moves, online does not): read, and online waited nothing
+    node["us"] += 50_000
+    reads.clear()
+    assert meter.sample(10.30) == 0.0 and len(reads) == 2
+    # no PSI at the node: every sample reads the cgroups
+    node["us"] = None
+    reads.clear()
+    meter.sample(10.35)
+    meter.sample(10.40)
+    assert len(reads) == 4
+
+
 def test_pressure_meter_falls_back_to_the_node_and_says_so():
     total = {"us": 0.0}
     node = lambda resource: {"some": {"avg10": 0.0, "total": total["us"]}}  # noqa: E731

@@ -81,6 +81,7 @@ class Reconciler:
         self._drifted: Dict[Key, Optional[str]] = {}
         self._applied: Optional[tuple] = None
         self._cache: Dict[Key, Optional[str]] = {}
+        self._trust_last = False  # this pass takes Tidal's own files to hold what it last wrote there
         # dedicated leaves whose cpuset partition the kernel refused: plain cpusets there, with the reason
         self.partition_refused: Dict[str, str] = {}
         self.managed_roots = tuple(managed_roots) or (f"{base}/dedicated", f"{base}/shared",
@@ -90,10 +91,16 @@ class Reconciler:
         return path == self.base or path.startswith(self.base + "/") or path in self.created
 
     def _read(self, controller: str, path: str, file: str) -> Optional[str]:
-        """One read per file per pass: the passes ask for the same files again."""
+        """One read per file per pass: the passes ask for the same files again. Between verifying passes
+        a file of Tidal's own tree that Tidal wrote is not read at all: it holds what was last written
+        (others' changes are found, and repaired, by the next verifying pass); others' cgroups (pods)
+        are read every pass."""
         key = (path, controller, file)
         if key not in self._cache:
-            self._cache[key] = self.driver.read(controller, path, file)
+            if self._trust_last and key in self.last and self._ours(path):
+                self._cache[key] = self.last[key]
+            else:
+                self._cache[key] = self.driver.read(controller, path, file)
         return self._cache[key]
 
     def _write(self, report: ReconcileReport, path: str, controller: str, file: str, text: str,
@@ -115,6 +122,7 @@ class Reconciler:
             lines = self._put(controller, path, file, actual, text)
         except CgroupError as exc:
             self._cache.pop(key, None)
+            self.last.pop(key, None)  # what the file holds now is unknown (io.max: some lines may be in): read next pass
             if file in PARTITION_FILES:
                 self._refuse(report, path, str(exc))
             else:
@@ -200,16 +208,22 @@ class Reconciler:
                             self._drifted[key] = actual.strip()
 
     def apply(self, specs: List[CgroupSpec], verify: bool = True) -> ReconcileReport:
-        """Make the kernel match ``specs``. With ``verify=False`` and the same specs
-        as the last applied ones, nothing is read or written: the kernel is taken
-        to hold what Tidal last wrote (the caller verifies every so often, which
-        is when drift made by others is found and repaired)."""
+        """Make the kernel match ``specs``. With ``verify=False`` the kernel is taken to hold what Tidal
+        last wrote in its own tree: the same specs as the last applied ones read and write nothing, and
+        changed ones write only what changed, reading only files Tidal has not written (others' cgroups,
+        new ones). The caller verifies every so often: a verifying pass (and the first, and the one after
+        a pass that failed) reads everything back, which is when drift made by others, processes missing
+        from a hierarchy and controllers taken away are found and repaired."""
         present = getattr(self.driver, "present", self.driver.exists)
         specs = [spec for spec in specs if not spec.external or present(spec.path)]
         fingerprint = tuple((spec.path, tuple(sorted((k, repr(v)) for k, v in spec.knobs.items()))) for spec in specs)
         if not verify and fingerprint == self._applied:
             return ReconcileReport()
-        report = self._apply(self._without_refused(specs))
+        self._trust_last = not verify and self._applied is not None
+        try:
+            report = self._apply(self._without_refused(specs))
+        finally:
+            self._trust_last = False
         self._forget_external({spec.path for spec in specs if spec.external})
         self._applied = fingerprint if report.ok else None
         return report
@@ -224,7 +238,9 @@ class Reconciler:
         self._cache: Dict[Key, Optional[str]] = {}
         report = ReconcileReport()
         version = self.driver.version
-        self._find_drift(specs)
+        self._drifted = {}
+        if not self._trust_last:
+            self._find_drift(specs)
         # 1. remove what is no longer wanted (first: a parent's cpuset cannot
         #    narrow below a child that still exists)
         wanted = {spec.path for spec in specs}
@@ -233,9 +249,11 @@ class Reconciler:
                 path = f"{root}/{child}"
                 if path not in wanted:
                     self._remove(report, path)
-        # 2. create, parents first
+        # 2. create, parents first (between verifying passes a cgroup Tidal wrote is taken to be there:
+        #    one removed behind its back fails the write, and the pass after reads and makes it again)
+        known = {key[0] for key in self.last} if self._trust_last else set()
         for spec in specs:
-            if not spec.external and not self.driver.exists(spec.path):
+            if not spec.external and spec.path not in known and not self.driver.exists(spec.path):
                 try:
                     self.driver.create(spec.path)
                     self.created.add(spec.path)
@@ -244,13 +262,13 @@ class Reconciler:
                     report.failed.append((spec.path, "", str(exc)))
         # v1: a process of one of Tidal's workloads that is missing from it in some hierarchy (a move
         #    cut short) joins it there too: membership is whole, in every hierarchy
-        repair = getattr(self.driver, "repair_membership", None)
+        repair = getattr(self.driver, "repair_membership", None) if not self._trust_last else None
         if repair is not None:
             for spec in specs:
                 if spec.workload is not None and not spec.external:
                     report.rejoined += [(spec.path, pid) for pid in repair(spec.path)]
         # v2: a controller taken away from one of Tidal's cgroups (its files vanish with it) is given back
-        controllers = getattr(self.driver, "repair_controllers", None)
+        controllers = getattr(self.driver, "repair_controllers", None) if not self._trust_last else None
         if controllers is not None:
             for spec in specs:
                 if not spec.external and spec.path != self.base:
@@ -264,6 +282,8 @@ class Reconciler:
                 if knob in spec.knobs:
                     for controller, file, text in files_for(version, knob, spec.knobs[knob]):
                         actual = self._read(controller, spec.path, file)
+                        if actual is not None and actual.strip() == text:
+                            continue  # holds it already: nothing to widen
                         wide = _union(actual, text)
                         if normalize(file, actual) != wide:
                             self._write(report, spec.path, controller, file, wide, final=False)
