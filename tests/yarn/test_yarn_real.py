@@ -147,8 +147,20 @@ def test_the_rm_takes_tidals_figures_for_a_node_it_found_itself(cluster):
     assert node["id"].startswith(node["nodeHostName"] + ":")  # a random port: Tidal had to find it
     view = wait_for("the RM to show Tidal's figures", lambda: rm_view(yarn) == tidal_yarn(client) and rm_view(yarn),
                     30)
-    push = [p for p in client.request("GET", "/v1/status")["push"] if p["kind"] == "yarn"][0]
+
+    def yarn_push():
+        return [p for p in client.request("GET", "/v1/status")["push"] if p["kind"] == "yarn"][0]
+
+    # the NodeManager registers at the figure `tidal yarn config` gave it, so the RM may show Tidal's figures
+    # before Tidal's first push to it lands: until the NM registered the agent's tries failed (no node to
+    # push to) and were made again every second; the next one lands on the node it found
+    try:
+        wait_for("a push to land on the node Tidal found", lambda: yarn_push()["sent"] >= 1, 30)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}: {yarn_push()}") from None
+    push = yarn_push()
     assert push["node_id"] == node["id"] and push["consecutive_failures"] == 0 and push["minimum"] == [1, 1024], push
+    assert rm_view(yarn) == tidal_yarn(client)
     figure("rm_view_at_start", vcores=view[0], memory_mb=view[1], node_id=node["id"])
 
 
