@@ -252,7 +252,23 @@ def agent(root: str, socket_path: str, state_dir: str, reserved_cpus, period: fl
             click.echo(f"tidal agent: Kubernetes node {kube_node}: watching its pods, publishing its topology")
 
         agent.on_started = on_start
-    sys.exit(agent.run())
+    end_process(agent.run())
+
+
+def end_process(code: int) -> None:
+    """The agent has stopped and said so: the process ends here, its output flushed, without the
+    interpreter's finalization. Daemon threads (the Kubernetes watches and their TLS reads, the pusher)
+    may still be inside a read, and finalizing around them once aborted the DaemonSet agent (SIGABRT
+    after "tidal agent: stopped") where it should have exited 0."""
+    import logging
+
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
 
 
 def _config_file():

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Callable, Dict, List, Optional, Tuple
+from collections import deque
+from typing import Callable, Deque, Dict, List, Optional, Tuple
 
 from agent.isolation.cgroups.blockio import read_io_bytes
 from agent.services.io_throttle import IoThrottle, Limits, Rates
@@ -36,6 +37,12 @@ class IoGuard:
         self.rates: Dict[str, Tuple[float, float]] = {}  # offline's bytes/s per device, the last window
         self._last: Tuple[Optional[float], Dict[str, Tuple[int, int]]] = (None, {})
         self._lock = threading.Lock()
+        self.windows = 0  # fast-guard windows sampled
+        # the last windows: (number, online's stall share, whether offline moved data); the last cut's window
+        # and time (monotonic)
+        self.recent: Deque[Tuple[int, Optional[float], bool]] = deque(maxlen=64)
+        self.cut_window: Optional[int] = None
+        self.cut_at: Optional[float] = None
 
     @property
     def active(self) -> bool:
@@ -68,9 +75,12 @@ class IoGuard:
     def on_window(self, percent: Optional[float], now: float) -> bool:
         """A fast-guard window: online's io stall share over it; True when offline was cut."""
         with self._lock:
+            self.windows += 1
             rates = self.measure(now)
+            self.recent.append((self.windows, percent, bool(rates)))
             if self.stopping() or not self.throttle.on_pressure(percent, rates):
                 return False
+            self.cut_window, self.cut_at = self.windows, now
             log.info("online io pressure %.1f%% (threshold %g%%): offline io limited to %s", percent,
                      self.throttle.threshold, describe(self.throttle.limits))
             return True

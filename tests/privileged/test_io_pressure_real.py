@@ -2,10 +2,10 @@
 
 v2 (the VM tier, its ``/var/tmp`` an ext4 loop device): offline work scans the disk online reads from; while
 online reads nothing, nothing is limited; the step is online starting to read behind the scan: the fast guard
-limits offline's bandwidth on that device (``io.max``) within two windows of the step, halves it while online
-still waits, holds offline under it, and online then waits no more than with offline gone; the limit grows back
-once online is quiet, and a clean stop lifts it. Both sides read with ``O_DIRECT``: every read reaches the
-device (the page cache would hide the disk).
+limits offline's bandwidth on that device (``io.max``) in the first window in which online waited the
+threshold's share, halves it while online still waits, holds offline under it, and online then waits no more
+than with offline gone; the limit grows back once online is quiet, and a clean stop lifts it. Both sides read
+with ``O_DIRECT``: every read reaches the device (the page cache would hide the disk).
 
 v1 (the host): online's io pressure is read from the online cgroups (the cgroup2 mirror) and shown, and
 nothing is limited (``isolation.cgroups.blockio`` says why)."""
@@ -162,6 +162,8 @@ def test_online_io_pressure_limits_offline_io_on_its_device(tmp_path):
         time.sleep(1.0)
         assert agent.counters["io_pressure_throttles"] == 0, "offline io limited while online read nothing"
         # the step: online reads again, now behind the scan's requests
+        guard = agent.harvest.io_guard
+        windows_before = guard.windows
         tell(web, "go")
         step = time.monotonic()
         while agent.counters["io_pressure_throttles"] == 0:
@@ -170,6 +172,8 @@ def test_online_io_pressure_limits_offline_io_on_its_device(tmp_path):
                 f"(alone {alone:.1f}%), offline moved {agent.harvest.io_guard.rates}")
             time.sleep(0.005)
         limited_after = time.monotonic() - step
+        windows, decided_after = guard.cut_window - windows_before, guard.cut_at - step
+        after_step = [(n - windows_before, p, moved) for n, p, moved in guard.recent if n > windows_before]
         trigger = agent.harvest.io_guard.throttle.last_trigger
         first = dict(agent.harvest.io_guard.throttle.limits)
         in_kernel = read_io_limits(agent.driver, reclaimed)
@@ -190,15 +194,23 @@ def test_online_io_pressure_limits_offline_io_on_its_device(tmp_path):
         batch.wait()
         gone = io_wait_share(agent, leaf, 3.0)
         print(f"online alone waited {alone:.1f}% on io; reading behind offline's scan {trigger}% over "
-              f"{io_throttle.WINDOW_S} s, limited {limited_after:.3f} s after online's step to "
+              f"{io_throttle.WINDOW_S} s, decided in the guard's window {windows} after online's step "
+              f"({decided_after:.3f} s), limited in the kernel {limited_after:.3f} s after the step to "
               f"{first[device][0] / MIB:.1f} MiB/s on {device}, then {limit / MIB:.1f} MiB/s "
               f"({agent.harvest.io_guard.throttle.cuts} cuts); offline read {rate / MIB:.2f} MiB/s under it; "
-              f"online waited {after:.1f}% under the limit, {gone:.1f}% with the scan gone")
+              f"online waited {after:.1f}% under the limit, {gone:.1f}% with the scan gone; online's stall share "
+              f"in each window from the step to the cut: {[p if p is None else round(p, 1) for n, p, _ in after_step if n <= windows]}")
         assert busiest == device
         assert rate <= limit * 1.25 + 256 * 1024, f"offline read {rate / MIB:.2f} MiB/s under a {limit / MIB:.2f} MiB/s limit"
-        # two windows (a step lands inside one; the next whole one sees it) and the guard's reads of every
-        # offline cgroup, slow under emulation: 0.34-0.79 s over nine VM runs
-        assert limited_after < 1.25
+        # the guard acts on the first window in which online waited the threshold's share while offline moved
+        # data, and the limit is in the kernel soon after: the guard's wait for the state owner's lock (a period
+        # may hold it) and a reconcile. (How soon after the step online's wait first reaches the threshold is
+        # the load's: the emulated disk gave it within 0.8 s in nine VM runs, after 2.1 s and 3.2 s in two
+        # later ones, online's share there swinging around the threshold: 14-30%.)
+        crossed = [n for n, p, moved in after_step if p is not None and p >= guard.throttle.threshold and moved]
+        assert crossed and crossed[0] == windows, after_step
+        assert limited_after - decided_after < 1.0, (
+            f"the limit reached the kernel {limited_after - decided_after:.3f} s after the guard's cut")
         # what the limit is for: online waits no more than with offline gone (5 points: the two figures
         # differed by -2.9 to +2.8 over six VM runs)
         assert after <= gone + 5, f"online waited {after:.1f}% under the limit, {gone:.1f}% with offline gone"

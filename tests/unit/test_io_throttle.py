@@ -139,6 +139,8 @@ def test_the_guard_measures_offline_io_and_hands_its_limits_to_the_tree():
     driver.files["kubepods/pod1"][("", "io.stat")] = stat(10 * MIB)
     assert guard.on_window(50.0, 10.5)  # 80 MiB/s from both: limited to half
     assert guard.rates == {"254:0": (80 * MIB, 0.0)}
+    # each window is kept with its share and whether offline moved data; the cut's window and time
+    assert list(guard.recent) == [(1, 50.0, False), (2, 50.0, True)] and (guard.cut_window, guard.cut_at) == (2, 10.5)
     assert guard.knob() == (("254:0", 40 * MIB, None),)
     assert not [op for op in driver.ops if op[0] == "write"]  # the guard writes nothing itself
     assert guard.lift_all() and guard.knob() == () and not guard.lift_all()

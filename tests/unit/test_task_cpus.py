@@ -49,3 +49,14 @@ def test_gone_processes_are_skipped_and_charges_scale_to_the_tree_total(tmp_path
     assert tasks.sample() == {}
     assert scale_to({0: 3, 1: 1}, 800) == {0: 600.0, 1: 200.0}
     assert scale_to({}, 800) == {} and scale_to({0: 5}, 0) == {}
+
+
+def test_an_idle_threads_stat_is_not_read_and_its_next_run_is_charged_from_where_it_was(tmp_path):
+    fake_thread(tmp_path, 10, 10, cpu=0, run_ns=1_000)
+    tasks = TaskCpuAttribution(lambda: [10], proc=str(tmp_path))
+    assert tasks.sample() == {}
+    stat = tmp_path / "10" / "task" / "10" / "stat"
+    stat.unlink()  # a read of it would find nothing and drop the thread
+    assert tasks.sample() == {}  # it did not run: schedstat alone
+    fake_thread(tmp_path, 10, 10, cpu=2, run_ns=1_600)
+    assert tasks.sample() == {2: 600}  # still known: charged what it ran since, not all of its run time
