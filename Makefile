@@ -16,7 +16,7 @@ BIN_DIR ?= /usr/local/bin
 CONFIG_DIR ?= /etc/tidal
 COMPLETION_DIR ?= /usr/share/bash-completion/completions
 
-.PHONY: all install deps test docs dist helm kwok manifests test-cgroup2 test-systemd bench-hierarchies run bench clean clean-test-leftovers k8s-testbin nrt-scheduler yarn-testbin node-testbin image
+.PHONY: all install deps test docs dist helm kwok koordlet manifests test-cgroup2 test-systemd bench-hierarchies run bench clean clean-test-leftovers k8s-testbin nrt-scheduler yarn-testbin node-testbin image
 
 all: test
 
@@ -96,6 +96,10 @@ kwok:
 # helm (helm.sh/helm/v3 from the Go module proxy, cached in ~/.cache/tidal/helm) for the chart's tests
 helm:
 	sh scripts/helm.sh
+
+# Koordinator's koordlet for the node tier's peers benchmark (tests/node/test_peers.py), cached outside the repository
+koordlet:
+	sh scripts/koordlet.sh
 
 # deploy/'s plain manifests, rendered from the chart (deploy/helm/tidal), their one source
 manifests:

@@ -40,7 +40,8 @@ from agent.topology.parse import format_cpulist
 
 # ---- the processes (run as `python -m agent.bench.cpu_isolation probe|hog`) ----
 
-def _calibrate(work_us: int) -> int:
+def calibrate(work_us: int) -> int:
+    """Loops of the probe's request that take ``work_us`` on this cpu, now."""
     n = 1000
     while True:
         start = time.perf_counter()
@@ -53,10 +54,17 @@ def _calibrate(work_us: int) -> int:
         n *= 2
 
 
-def probe_main(period_ms: float, work_us: int, duration: float) -> None:
-    loops = _calibrate(work_us)
-    print("ready", flush=True)
-    sys.stdin.readline()  # wait until placed in its cgroup
+def probe_main(period_ms: float, work_us: int, duration: float, start_at: Optional[float] = None,
+               loops: Optional[int] = None) -> None:
+    """Requests every ``period_ms``, then its latencies (and cpu time) as one JSON line. As a process of the
+    harness: calibrated, it says ``ready`` and starts on a line on stdin. In a pod (``start_at``, epoch
+    seconds, and ``loops``, calibrated by whoever made the pod while nothing competed): it starts then."""
+    if start_at is None:
+        loops = calibrate(work_us)
+        print("ready", flush=True)
+        sys.stdin.readline()  # wait until placed in its cgroup
+    else:
+        time.sleep(max(0.0, start_at - time.time()))
     period = period_ms / 1000.0
     latencies: List[float] = []
     cpu0 = time.process_time()
@@ -249,6 +257,7 @@ def run(duration: float = 2.0, repeats: int = 10, period_ms: float = 5.0, work_u
 
 if __name__ == "__main__":
     if sys.argv[1] == "probe":
-        probe_main(float(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]))
+        probe_main(float(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]),
+                   *((float(sys.argv[5]), int(sys.argv[6])) if len(sys.argv) > 6 else ()))
     elif sys.argv[1] == "hog":
         hog_main()
