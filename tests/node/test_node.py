@@ -9,13 +9,14 @@ leaves one cpu for a dedicated, shared or reclaimed pod at a time; the checks ar
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import statistics
 import subprocess
 import time
 import uuid
-from typing import Dict, List, Optional, Set
+from typing import Dict, Iterator, List, Optional, Set
 
 import pytest
 
@@ -58,8 +59,10 @@ def helm(node: "RealNode", *args: str) -> str:
     return out.stdout
 
 
-@pytest.fixture(scope="module")
-def node():
+@contextlib.contextmanager
+def real_node() -> Iterator[RealNode]:
+    """A real node started (the test skipped where its parts are not built), its kubelet's and containerd's
+    last lines printed when what runs on it fails, stopped after."""
     import urllib3
 
     missing = [what for what, found in (("make k8s-testbin", k8s_testbin()), ("make node-testbin", node_testbin()),
@@ -70,14 +73,6 @@ def node():
     real = RealNode(k8s_testbin(), node_testbin(), image_archive(), f"docker.io/library/tidal:{project_version()}")
     try:
         real.start()
-        # the chart, as a user installs it (deploy/helm/tidal; the plain manifests of deploy/ are its rendering):
-        # the node's part, the agent with its NRI plugin; the cluster side (extender, lending controller, scheduler) is the
-        # Kubernetes tier's, and no TLS secret exists here for the extender to mount
-        helm(real, "install", "tidal", f"{REPO}/deploy/helm/tidal", "--namespace", "tidal-system", "--create-namespace",
-             "--set", "extender.enabled=false", "--set", "lending.enabled=false", "--set", "scheduler.enabled=false")
-        wait_for(lambda: agent_pod(real) and agent_pod(real)["status"].get("phase") == "Running"
-                 and AgentClient(AGENT_SOCKET, timeout=5).request("GET", "/v1/health"), "the agent's DaemonSet pod",
-                 timeout=120)
         yield real
     except BaseException:
         for name in ("kubelet", "containerd"):
@@ -85,6 +80,25 @@ def node():
         raise
     finally:
         real.stop()
+
+
+def install_tidal(real: RealNode) -> None:
+    """The chart, as a user installs it (deploy/helm/tidal; the plain manifests of deploy/ are its rendering):
+    the node's part, the agent with its NRI plugin; the cluster side (extender, lending controller, scheduler)
+    is the Kubernetes tier's, and no TLS secret exists here for the extender to mount. Returns once the
+    agent's pod serves."""
+    helm(real, "install", "tidal", f"{REPO}/deploy/helm/tidal", "--namespace", "tidal-system", "--create-namespace",
+         "--set", "extender.enabled=false", "--set", "lending.enabled=false", "--set", "scheduler.enabled=false")
+    wait_for(lambda: agent_pod(real) and agent_pod(real)["status"].get("phase") == "Running"
+             and AgentClient(AGENT_SOCKET, timeout=5).request("GET", "/v1/health"), "the agent's DaemonSet pod",
+             timeout=120)
+
+
+@pytest.fixture(scope="module")
+def node():
+    with real_node() as real:
+        install_tidal(real)
+        yield real
 
 
 @pytest.fixture(autouse=True)

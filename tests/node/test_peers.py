@@ -41,15 +41,13 @@ import pytest
 
 from agent.bench.cpu_isolation import calibrate
 from agent.client import AgentClient
+from common.process import terminate
 from common.timing import percentile
 from tests.conftest import privileged
-from tests.k8s.controlplane import testbin as k8s_testbin
-from tests.k8s.controlplane import wait_for
-from common.process import terminate
-from tests.k8s.controlplane import free_port
-from tests.node.harness import API_ADDRESS, BUSYBOX_IMAGE, KUBELET_ROOT, RealNode, node_testbin
-from tests.node.test_node import (AGENT_SOCKET, REPO, agent_pod, allowed, container_pids, helm, image_archive,
-                                  pod_cpuset_dir, project_version)
+from tests.k8s.controlplane import free_port, wait_for
+from tests.node.harness import API_ADDRESS, BUSYBOX_IMAGE, KUBELET_ROOT, RealNode
+from tests.node.test_node import (AGENT_SOCKET, REPO, allowed, container_pids, install_tidal, pod_cpuset_dir,
+                                  real_node)
 
 pytestmark = [pytest.mark.node, privileged]
 
@@ -63,23 +61,8 @@ KOORDINATOR_VERSION = os.environ.get("KOORDINATOR_VERSION", "v1.8.0")  # scripts
 @pytest.fixture(scope="module")
 def bare_node():
     """A real node with the kubelet as shipped and nothing of Tidal's on it yet."""
-    import urllib3
-
-    missing = [what for what, found in (("make k8s-testbin", k8s_testbin()), ("make node-testbin", node_testbin()),
-                                        ("make image", image_archive())) if not found]
-    if missing:
-        pytest.skip(f"run {', '.join(missing)} first")
-    urllib3.disable_warnings()
-    real = RealNode(k8s_testbin(), node_testbin(), image_archive(), f"docker.io/library/tidal:{project_version()}")
-    try:
-        real.start()
+    with real_node() as real:
         yield real
-    except BaseException:
-        for name in ("kubelet", "containerd"):
-            print(f"---- {name}\n{real.log(name, 30)}")
-        raise
-    finally:
-        real.stop()
 
 
 def kubelet_config(node: RealNode, policy: str, read_only_port: int = 0) -> str:
@@ -325,12 +308,7 @@ def test_tidal_beside_koordlet_the_kubelet_alone_and_its_static_policy_on_one_no
     config["koordlet"] = koordlet.pop("configuration")
     kubelet_config(node, "none")
 
-    # Tidal: its chart with every default, the node's part (the cluster side has no business in this row)
-    helm(node, "install", "tidal", f"{REPO}/deploy/helm/tidal", "--namespace", "tidal-system", "--create-namespace",
-         "--set", "extender.enabled=false", "--set", "lending.enabled=false", "--set", "scheduler.enabled=false")
-    wait_for(lambda: agent_pod(node) and agent_pod(node)["status"].get("phase") == "Running"
-             and AgentClient(AGENT_SOCKET, timeout=5).request("GET", "/v1/health"), "the agent's DaemonSet pod",
-             timeout=120)
+    install_tidal(node)  # its chart with every default, the node's part
     wait_for(lambda: AgentClient(AGENT_SOCKET).request("GET", "/v1/capacity")["reclaimed"]["millicpu"] >= 200,
              "reclaimed capacity of at least 200 millicpu", timeout=180, interval=1)
 
