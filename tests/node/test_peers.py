@@ -18,8 +18,9 @@ Each row: the probe (a 300 us request every 5 ms, its work calibrated once by th
 runs) alone under the row's configuration (its reference: where each peer puts it differs), then beside the
 batch pod's two spinning containers. Its latency percentiles, their ratios to alone, and offline's harvest:
 the batch pod's cpu time (its pod cgroup's ``cpuacct.usage``) over the cpu time the probe left (cpus x
-seconds - the probe's own). Where each ran is read from the kernel (``Cpus_allowed_list``), not from any
-agent's word.
+seconds - the probe's own); and the cpu the node's agents took meanwhile (the kubelet, where the static
+policy runs; koordlet's process or Tidal's pod). Where each ran is read from the kernel
+(``Cpus_allowed_list``), not from any agent's word.
 
 What is asserted is what each row must be to be the row it says (the probes ran their whole time; static
 gave the probe a cpu the batch did not have; Tidal's batch stayed off the reserved cpus; koordlet set its
@@ -35,8 +36,9 @@ import os
 import re
 import subprocess
 import time
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
+import psutil
 import pytest
 
 from agent.bench.cpu_isolation import calibrate
@@ -46,8 +48,8 @@ from common.timing import percentile
 from tests.conftest import privileged
 from tests.k8s.controlplane import free_port, wait_for
 from tests.node.harness import API_ADDRESS, BUSYBOX_IMAGE, KUBELET_ROOT, RealNode
-from tests.node.test_node import (AGENT_SOCKET, REPO, allowed, container_pids, install_tidal, pod_cpuset_dir,
-                                  real_node)
+from tests.node.test_node import (AGENT_SOCKET, REPO, agent_pod, allowed, container_pids, install_tidal,
+                                  pod_cpuset_dir, real_node)
 
 pytestmark = [pytest.mark.node, privileged]
 
@@ -143,7 +145,13 @@ def container_log(node: RealNode, doc: Dict[str, Any], container: str) -> List[s
     return lines
 
 
-def probe_run(node: RealNode, loops: int, probe: Dict[str, Any], batch: bool) -> Dict[str, Any]:
+def process_cpu_s(pid: int) -> float:
+    times = psutil.Process(pid).cpu_times()
+    return times.user + times.system
+
+
+def probe_run(node: RealNode, loops: int, probe: Dict[str, Any], batch: bool,
+              agent_cpu_s: Optional[Callable[[], float]] = None) -> Dict[str, Any]:
     """The probe pod (``probe``: its resources, annotations, labels) started at a set time, beside the batch
     pod where ``batch``: its figures, the cpu time the batch pod took meanwhile, and where each ran (the
     batch's read at the end: the kubelet's static policy moves a running container off a cpu it gives away
@@ -160,7 +168,13 @@ def probe_run(node: RealNode, loops: int, probe: Dict[str, Any], batch: bool) ->
     found["probe_cpus"] = sorted(allowed(probe_pid))
     time.sleep(max(0.0, start_at - time.time()))
     before = cpu_usage_ns(node, "batch") if batch else None
+    kubelet = node.plane.procs["kubelet"].pid
+    costs = (process_cpu_s(kubelet), agent_cpu_s() if agent_cpu_s else None)
     time.sleep(SECONDS)
+    # what the node's own agents took meanwhile: the kubelet (the static policy is its), and koordlet or Tidal
+    found["kubelet_cpu_share"] = round((process_cpu_s(kubelet) - costs[0]) / SECONDS, 4)
+    if agent_cpu_s:
+        found["agent_cpu_share"] = round((agent_cpu_s() - costs[1]) / SECONDS, 4)
     if batch:
         found["batch_cpu_s"] = (cpu_usage_ns(node, "batch") - before) / 1e9
         found["batch_cpus"] = sorted(set().union(*(allowed(pid) for pid in running(node, "batch", 2).values())))
@@ -186,7 +200,7 @@ def treatment(node: RealNode, loops: int, probe: Dict[str, Any], batch: Dict[str
     running(node, "batch", 2)
     if batch.get("settle"):
         batch["settle"]()
-    beside = probe_run(node, loops, probe, batch=True)
+    beside = probe_run(node, loops, probe, batch=True, agent_cpu_s=batch.get("agent_cpu_s"))
     node.kubectl("delete", "pods", "--all", "-n", "default", "--wait=true", "--timeout=90s")
     return {"alone": alone, "beside": beside}
 
@@ -203,7 +217,10 @@ def figures(found: Dict[str, Any], cpus: int) -> Dict[str, Any]:
     out["p99_ratio"] = round(out["p99_us"] / out["alone"]["p99_us"], 3)
     idle = cpus * SECONDS - beside["probe_cpu_s"]
     out.update(offline_harvest=round(beside["batch_cpu_s"] / idle, 3), batch_cpu_s=round(beside["batch_cpu_s"], 2),
-               samples=len(beside["latencies_us"]), probe_cpus=beside["probe_cpus"], batch_cpus=beside["batch_cpus"])
+               samples=len(beside["latencies_us"]), probe_cpus=beside["probe_cpus"], batch_cpus=beside["batch_cpus"],
+               kubelet_cpu_share=beside["kubelet_cpu_share"])
+    if "agent_cpu_share" in beside:
+        out["agent_cpu_share"] = beside["agent_cpu_share"]
     return out
 
 
@@ -269,7 +286,8 @@ def koordlet_row(node: RealNode, loops: int, probe: Dict[str, Any]) -> Dict[str,
                 assert int(handle.read()) > 0, "koordlet did not set the BestEffort tree's quota"
 
         found = treatment(node, loops, {**probe, "labels": {"koordinator.sh/qosClass": "LS"}},
-                          {"settle": settle, "labels": {"koordinator.sh/qosClass": "BE"}})
+                          {"settle": settle, "labels": {"koordinator.sh/qosClass": "BE"},
+                           "agent_cpu_s": lambda: process_cpu_s(proc.pid)})
         return {"configuration": configuration, "found": found, "suppression": suppressing()}
     finally:
         terminate(node.plane.procs.pop("koordlet", None))
@@ -323,7 +341,13 @@ def test_tidal_beside_koordlet_the_kubelet_alone_and_its_static_policy_on_one_no
 
         wait_for(off, "the reclaimed pod off probation", timeout=60)
 
-    reclaimed = {"resources": {"requests": {"cpu": "100m"}}, "settle": settled,
+    agent_dir = pod_cpuset_dir(agent_pod(node)).replace("/cpuset/", "/cpuacct/")
+
+    def agent_cpu_s() -> float:  # Tidal's pod: the agent and its NRI plugin
+        with open(f"{agent_dir}/cpuacct.usage") as handle:
+            return int(handle.read()) / 1e9
+
+    reclaimed = {"resources": {"requests": {"cpu": "100m"}}, "settle": settled, "agent_cpu_s": agent_cpu_s,
                  "annotations": {"tidal.io/qos-level": "reclaimed_cores"}}
     runs["tidal"] = treatment(node, loops, shared_probe, reclaimed)
     config["tidal"] = ("kubelet cpuManagerPolicy: none; Tidal's DaemonSet (helm chart, defaults); the probe "
@@ -339,7 +363,8 @@ def test_tidal_beside_koordlet_the_kubelet_alone_and_its_static_policy_on_one_no
         if "p99_us" in figures_:
             print(f"{name:15} p50 {figures_['p50_us']:8.1f} us (x{figures_['p50_ratio']}) p99 {figures_['p99_us']:8.1f} us "
                   f"(x{figures_['p99_ratio']} of alone, {figures_['alone']['p99_us']} us), harvest "
-                  f"{figures_['offline_harvest']:.3f}, probe on {figures_['probe_cpus']}, batch on {figures_['batch_cpus']}")
+                  f"{figures_['offline_harvest']:.3f}, probe on {figures_['probe_cpus']}, batch on {figures_['batch_cpus']}, "
+                  f"kubelet {figures_['kubelet_cpu_share']:.3f} cpu, agent {figures_.get('agent_cpu_share', '-')} cpu")
         else:
             print(f"{name:15} not run: {figures_['not_run']}")
     if os.environ.get("TIDAL_PEERS_OUT"):
