@@ -13,7 +13,8 @@ if [ ! -x "$dir/koordlet" ]; then
     command -v go >/dev/null 2>&1 || { echo "koordlet: needs the Go toolchain to build koordinator $version" >&2; exit 1; }
     if [ ! -e /usr/include/perfmon/pfmlib.h ]; then
         echo "koordlet: installing libpfm4-dev (koordlet's perf collector links it)" >&2
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -q libpfm4-dev >&2
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -q libpfm4-dev >&2 \
+            || { apt-get update -q >&2 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q libpfm4-dev >&2; }
     fi
     echo "koordlet: building github.com/koordinator-sh/koordinator/cmd/koordlet $version (once; cached in $dir)" >&2
     mkdir -p "$dir"
