@@ -18,9 +18,13 @@ if [ ! -x "$dir/koordlet" ]; then
     fi
     echo "koordlet: building github.com/koordinator-sh/koordinator/cmd/koordlet $version (once; cached in $dir)" >&2
     mkdir -p "$dir"
-    module=$(cd /tmp && go mod download -json "github.com/koordinator-sh/koordinator@$version" \
-        | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
-    [ -n "$module" ] || { echo "koordlet: the Go module proxy gave no koordinator $version" >&2; exit 1; }
+    json=$(cd /tmp && go mod download -json "github.com/koordinator-sh/koordinator@$version" 2>&1 || true)
+    module=$(printf '%s\n' "$json" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
+    if [ -z "$module" ]; then
+        why=$(printf '%s\n' "$json" | sed -n 's/^[[:space:]]*"Error": "\(.*\)",\{0,1\}$/\1/p' | head -n 1)
+        echo "koordlet: the Go module proxy gave no koordinator $version: ${why:-$json}" >&2
+        exit 1
+    fi
     rm -rf "$dir/src.tmp"
     cp -r "$module" "$dir/src.tmp"
     chmod -R u+w "$dir/src.tmp"

@@ -228,7 +228,8 @@ def koordlet_build() -> Tuple[Optional[str], Optional[str]]:
     """The koordlet cache directory (scripts/koordlet.sh builds it where missing), or why there is none."""
     done = subprocess.run(["sh", f"{REPO}/scripts/koordlet.sh"], capture_output=True, text=True, timeout=1800)
     if done.returncode != 0:
-        return None, f"not built: scripts/koordlet.sh: {(done.stderr.strip().splitlines() or ['?'])[-1]}"
+        said = [line for line in done.stderr.splitlines() if not line.startswith("koordlet: building")]
+        return None, f"not built: scripts/koordlet.sh: {' '.join(' '.join(said).split())[-400:] or done.returncode}"
     return done.stdout.strip(), None
 
 
