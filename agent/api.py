@@ -229,8 +229,8 @@ class _Handler(BaseHTTPRequestHandler):
                     raise AdmissionError('body must be {"cgroup": "/hadoop-yarn", "pid": N}')
                 return self._send(200, agent.join_offline(body.get("cgroup"), body.get("pid")))
             if method == "GET" and route == ["evictions"]:
-                return self._send(200, {"evictions": agent.evictions, "by_tier": agent.evictions_by_tier,
-                                        "by_cause": agent.evictions_by_cause})
+                return self._send(200, {"evictions": agent.eviction.evictions, "by_tier": agent.eviction.by_tier,
+                                        "by_cause": agent.eviction.by_cause})
             if method == "GET" and route == ["net"]:
                 return self._send(200, agent.net_status())
             if method == "GET" and route == ["assignments"]:

@@ -228,40 +228,6 @@ class Agent:
     def view(self) -> StateView:
         return self.owner.view()
 
-    # the services' figures, for status, metrics and tests
-    reconciler = property(lambda self: self.enforcement.reconciler)
-    last_report = property(lambda self: self.enforcement.last_report)
-    last_reconcile_ms = property(lambda self: self.enforcement.last_reconcile_ms)
-    sizer = property(lambda self: self.harvest.sizer)
-    estimator = property(lambda self: self.harvest.estimator)
-    usage = property(lambda self: self.harvest.usage)
-    cpu_usage = property(lambda self: self.harvest.cpu_usage)
-    capacity = property(lambda self: self.harvest.capacity)
-    generation = property(lambda self: self.harvest.generation)
-    online_millicpu = property(lambda self: self.harvest.online_millicpu)
-    online_bytes = property(lambda self: self.harvest.online_bytes)
-    created_at = property(lambda self: self.admission.created_at)
-    seen_procs = property(lambda self: self.admission.seen_procs)
-    evictions = property(lambda self: self.eviction.evictions)
-    evictions_by_tier = property(lambda self: self.eviction.by_tier)
-    evictions_by_cause = property(lambda self: self.eviction.by_cause)
-
-    @property
-    def sampler(self):
-        return self.harvest.sampler
-
-    @sampler.setter
-    def sampler(self, value) -> None:
-        self.harvest.sampler = value
-
-    @property
-    def kill_signal(self) -> int:
-        return self.eviction.kill_signal
-
-    @kill_signal.setter
-    def kill_signal(self, value: int) -> None:
-        self.eviction.kill_signal = value
-
     # ---- start -------------------------------------------------------------
 
     def start(self) -> None:
@@ -516,7 +482,7 @@ class Agent:
             owner = cpu_owners(pool, self.state.allocations)
             cpus = [{"id": c, "numa": topo.cpu(c).numa, "core": topo.cpu(c).core,
                      **dict(zip(("pool", "workload"), owner.get(c, ("unassigned", None)))),
-                     "usage_millicpu": self.cpu_usage.get(c)} for c in topo.online_cpus()]
+                     "usage_millicpu": self.harvest.cpu_usage.get(c)} for c in topo.online_cpus()]
             sources: Dict[str, int] = {}
             for alloc in self.state.allocations:
                 sources[alloc.source] = sources.get(alloc.source, 0) + 1
@@ -532,8 +498,8 @@ class Agent:
                         "held_back": [{"cpu": c, "sibling_of": siblings[c]} for c in pool.held_back]},
                 "workloads": len(self.state.allocations), "workloads_by_source": sources,
                 "cpus": cpus, "counters": dict(self.counters),
-                "evictions_by_tier": dict(self.evictions_by_tier), "evictions_by_cause": dict(self.evictions_by_cause),
-                "recent_evictions": self.evictions[-20:],
+                "evictions_by_tier": dict(self.eviction.by_tier), "evictions_by_cause": dict(self.eviction.by_cause),
+                "recent_evictions": self.eviction.evictions[-20:],
                 "memory": self.memory_status(),
                 "cpu_pressure": self.cpu_pressure_status(),
                 "io_pressure": self.io_pressure_status(),
@@ -549,7 +515,7 @@ class Agent:
                 "push": self.pusher.records() if self.pusher is not None else [],
                 "offline_containers": self.containers.status() if self.containers is not None else None,
                 "host_units": self.host_units.status() if self.host_units is not None else None,
-                "last_reconcile_ms": round(self.last_reconcile_ms, 3),
+                "last_reconcile_ms": round(self.enforcement.last_reconcile_ms, 3),
                 "state_file": self.store.path, "socket": self.config.socket_path,
                 "runtime": {**self.runtime_integration(), "kubelet_cpu_manager": self.config.kubelet_cpu_manager},
                 "conflicts": dict(self.conflicts),

@@ -220,7 +220,7 @@ def run(duration: float = 2.0, repeats: int = 10, period_ms: float = 5.0, work_u
         def cleanup() -> None:
             stop.set()
             thread.join()
-            agent.reconciler.revert()  # moves this process back to the parent cgroup too
+            agent.enforcement.reconciler.revert()  # moves this process back to the parent cgroup too
 
         return cleanup
 

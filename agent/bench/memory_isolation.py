@@ -436,13 +436,13 @@ def run(box_mib: int = 512, online_anon_mib: int = 64, online_file_mib: int = 64
             agent.attach(name, pid)
 
         def evicted() -> set:
-            return {pid for e in agent.evictions for pid in e["pids"]}
+            return {pid for e in agent.eviction.evictions for pid in e["pids"]}
 
         def cleanup() -> None:
             stop.set()
             thread.join()
             agent.shutdown()
-            agent.reconciler.revert()
+            agent.enforcement.reconciler.revert()
 
         # the offline job asks for 100 millicpu: on a host whose cpus are busy (the run before this one
         # still winding down) the capacity may have no room for seconds, and a short round would measure
@@ -489,7 +489,7 @@ def run(box_mib: int = 512, online_anon_mib: int = 64, online_file_mib: int = 64
                     result[f"left_bytes{suffix}"] = sum(sampler.left[start:]) / len(sampler.left[start:])
             if "agent" in info:
                 agent = info["agent"]
-                result["evictions"] = [{"cause": e["cause"], "reason": e["reason"]} for e in agent.evictions]
+                result["evictions"] = [{"cause": e["cause"], "reason": e["reason"]} for e in agent.eviction.evictions]
                 result["throttles"] = agent.harvest.counters.get("pressure_throttles", 0)
                 result["kernel_confinements"] = agent.harvest.kernel_work.confinements
                 result["limits"] = list(agent.harvest.limits()[1:])

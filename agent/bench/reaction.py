@@ -54,7 +54,7 @@ def run(steps: int = 10, hold_s: float = 1.0, timeout_s: float = 5.0) -> Dict[st
                          cgroup_base=base, cgroup_parent="self", empty_grace=3600)
     agent = Agent(config, echo=lambda line: None, topology=topo)
     agent.start()
-    agent.sizer.window = 3
+    agent.harvest.sizer.window = 3
     stop = threading.Event()
 
     def loop() -> None:
@@ -105,7 +105,7 @@ def run(steps: int = 10, hold_s: float = 1.0, timeout_s: float = 5.0) -> Dict[st
         for proc in loads:
             proc.kill()
             proc.wait()
-        agent.reconciler.revert()
+        agent.enforcement.reconciler.revert()
     return {"cgroup_version": agent.driver.version, "kernel": os.uname().release,
             "p50_ms": round(median(reactions), 1), "p99_ms": round(percentile(reactions, 99), 1),
             "max_ms": round(max(reactions), 1), "steps": len(reactions), "period_s": config.period,

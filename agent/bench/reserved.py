@@ -109,7 +109,7 @@ def run(duration: float = 3.0, repeats: int = 4, period_ms: float = 5.0, work_us
         stop.set()
         if agent.state is not None:
             agent.shutdown()
-            agent.reconciler.revert()
+            agent.enforcement.reconciler.revert()
         bench_tree.revert()
 
     def summary(rounds: List[Dict[str, Any]]) -> Dict[str, Any]:

@@ -299,7 +299,7 @@ class KubeNodeAgent:
     def nrt(self, now: Optional[float] = None) -> Dict[str, Any]:
         agent = self.agent
         with self.lock:
-            cap = agent.capacity
+            cap = agent.harvest.capacity
             memory = {r.workload: r.memory for r in self.pods.values()}
             return build_nrt(self.node, agent.topology, agent.state, agent.pools(), memory,
                              cap.millicpu if cap else 0, cap.memory_bytes if cap else 0,

@@ -37,7 +37,7 @@ class AgentCollector(Collector):
                 for numa in topo.numa_ids():
                     sizes.add_metric([name, str(numa)], len(members & set(topo.cpus_in_numa(numa))))
             yield sizes
-            cap = agent.capacity
+            cap = agent.harvest.capacity
             g = GaugeMetricFamily("tidal_reclaimed_capacity_millicpu", "reclaimed cpu offline agents may use")
             g.add_metric([], cap.millicpu if cap else 0)
             yield g
@@ -45,7 +45,7 @@ class AgentCollector(Collector):
             g.add_metric([], cap.memory_bytes if cap else 0)
             yield g
             g = GaugeMetricFamily("tidal_capacity_generation", "changes of the reported capacity")
-            g.add_metric([], agent.generation)
+            g.add_metric([], agent.harvest.generation)
             yield g
             usage = GaugeMetricFamily("tidal_workload_usage_millicpu", "cpu used by each workload",
                                       labels=["workload", "qos"])
@@ -55,19 +55,19 @@ class AgentCollector(Collector):
                 labels = [alloc.name, alloc.qos.value]
                 requested.add_metric(labels, alloc.millicpu)
                 where = agent.cgroups_of(alloc)
-                value = agent.usage.get(where[0]) if where else None
+                value = agent.harvest.usage.get(where[0]) if where else None
                 if value is not None:
                     usage.add_metric(labels, value)
             yield usage
             yield requested
             ev = CounterMetricFamily("tidal_evictions", "reclaimed workloads evicted, by tier", labels=["tier"])
-            for tier, count in agent.evictions_by_tier.items():
+            for tier, count in agent.eviction.by_tier.items():
                 ev.add_metric([tier], count)
             yield ev
             ev = CounterMetricFamily("tidal_evictions_by_cause", "workloads evicted, by cause (cpu: over-committed "
                                      "capacity; memory: under the watermark; pressure: online memory stalls; "
                                      "lending: a notice's end)", labels=["cause"])
-            for cause, count in agent.evictions_by_cause.items():
+            for cause, count in agent.eviction.by_cause.items():
                 ev.add_metric([cause], count)
             yield ev
             memory = agent.memory_status()
@@ -127,10 +127,10 @@ class AgentCollector(Collector):
             c.add_metric([], agent.counters["reconcile_failures"])
             yield c
             g = GaugeMetricFamily("tidal_reconcile_duration_seconds", "duration of the last reconcile pass")
-            g.add_metric([], agent.last_reconcile_ms / 1000.0)
+            g.add_metric([], agent.enforcement.last_reconcile_ms / 1000.0)
             yield g
             g = GaugeMetricFamily("tidal_online_usage_millicpu", "online (non-dedicated, non-reclaimed) cpu use")
-            g.add_metric([], agent.online_millicpu)
+            g.add_metric([], agent.harvest.online_millicpu)
             yield g
             # every family is described even with no series (no push target here): what exists does not
             # depend on the node's configuration, and a dashboard's names are checked against it

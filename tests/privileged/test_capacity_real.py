@@ -30,7 +30,7 @@ def test_online_load_shrinks_lending_and_evicts_low_first(tmp_path):
                          eviction_grace=1.0, period=1.0)
     agent = Agent(config, echo=lambda line: None, topology=TOPO)
     agent.start()
-    agent.sizer.stable_periods = 1
+    agent.harvest.sizer.stable_periods = 1
     agent.serve()
     stop = threading.Event()
     procs = []
@@ -90,18 +90,18 @@ def test_online_load_shrinks_lending_and_evicts_low_first(tmp_path):
         assert woken["doc"]["generation"] > before["generation"]
         assert woken["doc"]["reclaimed"]["millicpu"] < before["reclaimed"]["millicpu"]
         deadline = time.monotonic() + 10
-        while not agent.evictions and time.monotonic() < deadline:
+        while not agent.eviction.evictions and time.monotonic() < deadline:
             time.sleep(0.1)
         time.sleep(2 * config.period)  # the rest of the eviction pass, if it takes more than one
         # evicted by tier, low first, until what is left fits the quota the kernel enforced when the pass
         # decided (the unrounded capacity: work that fits it is throttled, not evicted). The quota read
         # now may have moved since (online use is measured again every period; the VM's was 806 at the
         # eviction and 459 two periods later); a lower one is a later pass's business, after its grace.
-        tiers = [e["tier"] for e in agent.evictions]
+        tiers = [e["tier"] for e in agent.eviction.evictions]
         assert tiers and tiers == ["low", "min", "high"][:len(tiers)], tiers
-        assert all(e["cause"] == "cpu" for e in agent.evictions)
+        assert all(e["cause"] == "cpu" for e in agent.eviction.evictions)
         left = [t for t in ("low", "min", "high") if t not in tiers]
-        seen = agent.evictions[-1]["capacity_millicpu"]
+        seen = agent.eviction.evictions[-1]["capacity_millicpu"]
         assert 300 * len(left) <= seen, (tiers, seen)
         assert 300 * (len(left) + 1) > seen, (tiers, seen)  # and no more than that: one fewer would not fit
         for tier in tiers:
@@ -109,7 +109,7 @@ def test_online_load_shrinks_lending_and_evicts_low_first(tmp_path):
             assert offline[tier].returncode == -9
         assert all(offline[t].poll() is None for t in left)  # the rest run on, throttled
         assert online.poll() is None  # online untouched
-        assert agent.evictions_by_tier == {t: int(t in tiers) for t in ("low", "min", "high")}
+        assert agent.eviction.by_tier == {t: int(t in tiers) for t in ("low", "min", "high")}
     finally:
         stop.set()
         if ticker.is_alive():  # a period mid-way would make the tree again after the revert

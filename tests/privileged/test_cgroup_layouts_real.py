@@ -275,8 +275,8 @@ def test_a_pods_cpuset_is_written_into_the_kubelets_cgroups_of_either_layout(tmp
             assert set(parse_cpulist(open(os.path.join(outside.dir(path), "cpuset.cpus")).read())) == cpus
         assert container not in report.created and pod not in report.created
     finally:
-        originals = dict(agent.reconciler.originals)
-        reverted = agent.reconciler.revert()
+        originals = dict(agent.enforcement.reconciler.originals)
+        reverted = agent.enforcement.reconciler.revert()
         agent.shutdown()
     assert os.path.isdir(outside.dir(container))  # the kubelet's cgroups stay
     assert allowed(worker.pid) == before, (originals, reverted)  # and hold what they held
@@ -393,7 +393,7 @@ def test_pressure_per_cgroup_is_read_through_the_driver(tmp_path, procs):
             figures = agent.driver.pressure(path, resource)
             assert figures is not None and {"some", "full"} <= set(figures), (resource, figures)
     finally:
-        agent.reconciler.revert()
+        agent.enforcement.reconciler.revert()
         agent.shutdown()
 
 

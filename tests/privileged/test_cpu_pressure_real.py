@@ -2,11 +2,13 @@
 runqueue while its pool's use stays under saturation gets its lent cpus back from the fast guard, at the
 shipped threshold, and lending stays held.
 
-The online service is two processes that wake together every 40 ms and each run 10 ms of cpu (a request
-fanned out to its workers): 0.5 cpu on average, at most 0.6 over any 50 ms, under the utilisation
-guard's 90% of one cpu, so the agent lends the other cpu. On the one cpu left after lending, they share it
-for 20 ms of every 40 (PSI ``some`` about 50%). The node keeps no
-reserved pool (``reserved_cpus=()``): on a 2-cpu host that is the only way to have a cpu to lend (as
+The online service is a request fanned out to its workers: a clock process writes one byte to each of
+three worker processes every 40 ms, and each worker runs 7 ms of cpu per byte. 0.53 cpu on average, at most
+0.62 over any 50 ms, under the utilisation guard's 90% of one cpu, so the agent lends the other cpu. On the
+one cpu left after lending, the three are released within microseconds of each other (one writer, not
+three timers: under emulation two processes' timers at the same instant were seen to fire milliseconds
+apart, giving a stall share anywhere from 20% to 48%) and queue for it: PSI ``some`` 35-50%. The node keeps
+no reserved pool (``reserved_cpus=()``): on a 2-cpu host that is the only way to have a cpu to lend (as
 ``bench reaction`` does)."""
 
 import os
@@ -24,10 +26,14 @@ from tests.privileged.test_memory_real import finish, make_agent
 
 pytestmark = [pytest.mark.privileged, privileged]
 
-# once told, every 40 ms (the same wall-clock boundaries in every process) runs 10 ms of cpu time
-BURST = ("import sys, time\nsys.stdin.readline()\nperiod, busy = 0.040, 0.010\nwhile True:\n    now = time.time()\n"
-         "    time.sleep(period - now % period)\n    end = time.thread_time() + busy\n"
-         "    while time.thread_time() < end:\n        pass\n")
+WORKERS, BUSY_S, PERIOD_S = 3, 0.007, 0.040
+# a worker: 7 ms of cpu time for each byte on its stdin
+WORKER = ("import os, time\nwhile os.read(0, 1):\n    end = time.thread_time() + %r\n"
+          "    while time.thread_time() < end:\n        pass\n" % BUSY_S)
+# the clock: once told "go", one byte to every worker (the fds in argv) every 40 ms
+CLOCK = ("import os, sys, time\nfds = [int(a) for a in sys.argv[1:]]\nsys.stdin.readline()\nwhile True:\n"
+         "    time.sleep(%r - time.monotonic() %% %r)\n    for fd in fds:\n        os.write(fd, b'x')\n"
+         % (PERIOD_S, PERIOD_S))
 SPIN = "while True:\n    pass\n"
 
 
@@ -43,7 +49,7 @@ def test_online_cpu_pressure_takes_lent_cpus_back_under_saturation(tmp_path):
         pytest.fail("this kernel keeps no PSI (CONFIG_PSI off or booted psi=0): the loop cannot see cpu pressure")
     assert AgentConfig().cpu_pressure_threshold == 20.0
     agent = make_agent(tmp_path)  # the shipped threshold, period and guard interval
-    base, procs, stop, ticker = agent.config.cgroup_base, [], threading.Event(), None
+    base, procs, stop, ticker, writers = agent.config.cgroup_base, [], threading.Event(), None, []
 
     def loop():  # the agent's period, as the CLI agent runs it
         while not stop.wait(agent.config.period):
@@ -55,7 +61,11 @@ def test_online_cpu_pressure_takes_lent_cpus_back_under_saturation(tmp_path):
         batch = subprocess.Popen([sys.executable, "-c", SPIN])
         procs.append(batch)
         agent.attach("batch", batch.pid)
-        webs = [subprocess.Popen([sys.executable, "-c", BURST], stdin=subprocess.PIPE, text=True) for _ in range(2)]
+        pipes = [os.pipe() for _ in range(WORKERS)]
+        writers = [w for _, w in pipes]  # the test keeps them: each trial's clock gets them
+        webs = [subprocess.Popen([sys.executable, "-c", WORKER], stdin=r) for r, _ in pipes]
+        for r, _ in pipes:
+            os.close(r)
         for web in webs:
             procs.append(web)
             agent.attach("web", web.pid)
@@ -65,23 +75,48 @@ def test_online_cpu_pressure_takes_lent_cpus_back_under_saturation(tmp_path):
         ticker = threading.Thread(target=loop, daemon=True)
         ticker.start()
         agent.start_guard()
-        deadline, since = time.monotonic() + 60, None
-        while since is None or time.monotonic() - since < agent.config.period:  # sized, online idle: a cpu lent
-            assert time.monotonic() < deadline, "the agent never lent a cpu for a whole period"
-            lent = agent.harvest.guard.carved() and agent.harvest.online_millicpu
-            since = (since or time.monotonic()) if lent else None
-            time.sleep(0.02)
-        assert agent.counters["cpu_pressure_shrinks"] == 0
-        by_use = agent.counters["fast_shrinks"]  # the utilisation guard's so far (the VM's slow start may fire it)
-        step = time.monotonic()
-        for web in webs:
-            web.stdin.write("go\n")
-            web.stdin.flush()
-        while agent.counters["cpu_pressure_shrinks"] == 0:
-            assert time.monotonic() - step < 10, (
-                f"no cpu taken back in 10 s: lent {agent.harvest.guard.carved()}, online waited "
-                f"{agent.harvest.cpu_pressure.percent}% of the last period")
-            time.sleep(0.005)
+        # A trial: online idle with a cpu lent, then the burst. Under emulation on a busy host the guest
+        # counts a preempted vcpu's time as its task's (0.53 cpu read as 0.96 in a period): online then
+        # saturates its one cpu as the guest sees it and the utilisation guard rightly takes the cpu back
+        # first, which tests nothing about pressure. Such a trial is printed and the burst tried again,
+        # at most three times.
+        trials = []
+        while True:
+            deadline, since = time.monotonic() + 90, None  # after a shrink the sizer keeps its 30 s peak
+            while since is None or time.monotonic() - since < agent.config.period:  # online idle: a cpu lent
+                assert time.monotonic() < deadline, f"the agent never lent a cpu for a whole period ({trials})"
+                lent = agent.harvest.guard.carved() and agent.harvest.online_millicpu
+                since = (since or time.monotonic()) if lent else None
+                time.sleep(0.02)
+            assert agent.counters["cpu_pressure_shrinks"] == 0
+            by_use = agent.counters["fast_shrinks"]  # the utilisation guard's so far (the VM's slow start may fire it)
+            clock = subprocess.Popen([sys.executable, "-c", CLOCK, *map(str, writers)], stdin=subprocess.PIPE,
+                                     text=True, pass_fds=writers)
+            procs.append(clock)
+            agent.attach("web", clock.pid)
+            step = time.monotonic()
+            clock.stdin.write("go\n")
+            clock.stdin.flush()
+            while True:
+                with agent.harvest.owner.lock:  # a pressure shrink counts in both, under the lock
+                    pressured, used = agent.counters["cpu_pressure_shrinks"], agent.counters["fast_shrinks"]
+                if pressured or used != by_use:
+                    break
+                assert time.monotonic() - step < 10, (
+                    f"no cpu taken back in 10 s: lent {agent.harvest.guard.carved()}, online waited "
+                    f"{agent.harvest.cpu_pressure.percent}% of the last period; online's use by period "
+                    f"{list(agent.harvest.sizer._history)[-12:]} millicpu")
+                time.sleep(0.005)
+            if pressured:
+                break
+            clock.kill()  # the workers wait for the next trial's clock
+            clock.wait()
+            procs.remove(clock)
+            trials.append(f"utilisation first after {time.monotonic() - step:.2f} s, online's use by period "
+                          f"{list(agent.harvest.sizer._history)[-4:]} millicpu")
+            print(f"trial {len(trials)}: {trials[-1]}")
+            assert len(trials) < 3, f"online's use read as saturation in every trial: {trials}"
+        webs.append(clock)
         taken_after = time.monotonic() - step
         assert not agent.harvest.guard.carved()
         held = []
@@ -104,6 +139,8 @@ def test_online_cpu_pressure_takes_lent_cpus_back_under_saturation(tmp_path):
             assert set(parse_cpulist(line.split(":", 1)[1].strip())) == set(agent.topology.online_cpus()), line
         assert all(p.poll() is None for p in procs)  # nothing killed: online nor offline
     finally:
+        for fd in writers:
+            os.close(fd)
         stop.set()
         if ticker is not None:
             ticker.join()  # a period mid-way would make the tree again after the revert

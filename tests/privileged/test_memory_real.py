@@ -124,17 +124,17 @@ def test_short_of_memory_reclaimed_work_is_evicted_by_tier_largest_first(tmp_pat
         for _ in range(2):
             time.sleep(agent.config.period)
             agent.tick()
-        assert agent.evictions == []  # plenty of memory: nothing goes
+        assert agent.eviction.evictions == []  # plenty of memory: nothing goes
         # a watermark just over what this machine has available now (test-only: reaching the shipped 2%
         # watermark on a 24 GiB host means filling ~23 GiB; the shipped value is unit-tested): the node is
         # short, and twice the watermark is more than every reclaimed workload holds, so all of them go,
         # in order
         agent.eviction.memory_evict_below = psutil.virtual_memory().available + 64 * MIB
         agent.tick()
-        order = [(e["name"], e["cause"]) for e in agent.evictions]
+        order = [(e["name"], e["cause"]) for e in agent.eviction.evictions]
         assert order == [("batch-low-big", "memory"), ("batch-low-small", "memory"), ("batch-min", "memory"),
                          ("batch-high", "memory")]
-        held = {e["name"]: e["memory_bytes"] for e in agent.evictions}
+        held = {e["name"]: e["memory_bytes"] for e in agent.eviction.evictions}
         assert held["batch-low-big"] >= 96 * MIB and held["batch-min"] >= 48 * MIB  # measured by the kernel
         for name in held:
             procs[name].wait(timeout=10)

@@ -97,7 +97,7 @@ def test_empty_workloads_are_released(make_agent):
     agent.driver.members["tidal/shared/gone"].clear()  # its process exited
     agent.tick()
     assert agent.state.names() == ["young"]  # never had a process, still within its grace
-    agent.tick(now=agent.created_at["young"] + 6)
+    agent.tick(now=agent.admission.created_at["young"] + 6)
     assert agent.state.names() == []
     assert agent.counters["released_empty"] == 2
 

@@ -105,7 +105,7 @@ def test_the_agent_evicts_what_the_plan_evicts(hwloc_topologies, make_agent):
         agent.admit({"name": "r2", "qos": "reclaimed_cores", "millicpu": 1000})
         agent.admit({"name": "d", "qos": "dedicated_cores", "cpus": 7})
         assert agent.state.names() == ["d"]  # at once, before the kernel was told
-        assert [e["name"] for e in agent.evictions] == ["r2"] and "no cpu is left" in agent.evictions[0]["reason"]
+        assert [e["name"] for e in agent.eviction.evictions] == ["r2"] and "no cpu is left" in agent.eviction.evictions[0]["reason"]
         assert "0" not in agent.driver.files.get("tidal/reclaimed/low/r2", {}).get(("cpuset", "cpuset.cpus"), "")
         from agent.errors import TidalError
 

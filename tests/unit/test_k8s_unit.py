@@ -152,7 +152,7 @@ def test_a_pod_is_kept_while_its_processes_are_in_the_kubelets_cgroups_and_tidal
     request = pod_request(pod(cpu="2"))
     agent.admit(request.document, source="kubernetes")
     agent.admit({"name": "local", "qos": "shared_cores", "millicpu": 100})
-    start = agent.created_at["local"]
+    start = agent.admission.created_at["local"]
     for second in range(0, 121, 5):  # two minutes of periods, with nobody's processes in Tidal's tree
         agent.tick(now=start + second)
     assert agent.state.names() == [request.workload]  # the local workload's empty cgroup released it; not the pod
@@ -336,7 +336,7 @@ def test_moving_a_pod_to_other_cpus_keeps_containers_inside_the_pod_at_every_ste
     assert held == {pod_path: set(moved.cpus), container: set(moved.cpus)}
     assert cpus_writes[-1] == (pod_path, format_cpulist(moved.cpus))  # and narrows last
     # the kubelet's values were saved before the first write: a revert puts them back
-    assert (pod_path, "cpuset", "cpuset.cpus") in agent.reconciler.originals
+    assert (pod_path, "cpuset", "cpuset.cpus") in agent.enforcement.reconciler.originals
 
 
 def test_filter_json_says_what_filter_says():

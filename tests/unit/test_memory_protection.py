@@ -60,7 +60,7 @@ def admitted(make_agent, **overrides):
 
 
 def evicted(agent):
-    return [(e["name"], e["cause"]) for e in agent.evictions]
+    return [(e["name"], e["cause"]) for e in agent.eviction.evictions]
 
 
 def test_under_the_watermark_reclaimed_work_goes_at_once_by_tier_and_size(tmp_path, make_agent):
@@ -71,10 +71,10 @@ def test_under_the_watermark_reclaimed_work_goes_at_once_by_tier_and_size(tmp_pa
         # 200 MiB under: free back to twice the watermark, 1.2 GiB: both low ones, then min
         agent.eviction.memory(11.0, available_bytes=800 * MIB, total_bytes=16 * GIB, pressure_percent=None)
         assert evicted(agent) == [("batch-low", "memory"), ("batch-low-small", "memory"), ("batch-min", "memory")]
-        assert agent.evictions[0]["memory_bytes"] == 600 * MIB
-        assert "800 MiB" in agent.evictions[0]["reason"] and "1024 MiB watermark" in agent.evictions[0]["reason"]
+        assert agent.eviction.evictions[0]["memory_bytes"] == 600 * MIB
+        assert "800 MiB" in agent.eviction.evictions[0]["reason"] and "1024 MiB watermark" in agent.eviction.evictions[0]["reason"]
         assert [a.name for a in agent.state.allocations] == ["batch-high", "web"]
-        assert agent.evictions_by_cause["memory"] == 3 and agent.evictions_by_tier == {"low": 2, "min": 1, "high": 0}
+        assert agent.eviction.by_cause["memory"] == 3 and agent.eviction.by_tier == {"low": 2, "min": 1, "high": 0}
         kills = [op[1] for op in agent.driver.ops if op[0] == "kill"]
         assert "tidal/shared/web" not in kills
     finally:
@@ -107,12 +107,12 @@ def test_online_memory_pressure_evicts_one_workload_per_grace_period(tmp_path, m
         agent.eviction.memory(18.0, plenty, 16 * GIB, pressure_percent=25.0)
         assert evicted(agent) == [("batch-low", "pressure")]
         agent.eviction.memory(20.0, plenty, 16 * GIB, pressure_percent=25.0)
-        assert len(agent.evictions) == 1  # the next one only after another grace period
+        assert len(agent.eviction.evictions) == 1  # the next one only after another grace period
         agent.eviction.memory(23.0, plenty, 16 * GIB, pressure_percent=25.0)
         assert evicted(agent)[-1] == ("batch-low-small", "pressure")
         agent.eviction.memory(24.0, plenty, 16 * GIB, pressure_percent=None)  # no figure: no pressure
         agent.eviction.memory(40.0, plenty, 16 * GIB, pressure_percent=25.0)
-        assert len(agent.evictions) == 2
+        assert len(agent.eviction.evictions) == 2
         status = agent.status()
         assert status["evictions_by_cause"] == {"cpu": 0, "memory": 0, "pressure": 2, "lending": 0}
     finally:
@@ -124,7 +124,7 @@ def test_pressure_eviction_off_at_zero(tmp_path, make_agent):
     try:
         for now in range(5):
             agent.eviction.memory(float(now), 8 * GIB, 16 * GIB, pressure_percent=100.0)
-        assert agent.evictions == []
+        assert agent.eviction.evictions == []
     finally:
         agent.shutdown()
 

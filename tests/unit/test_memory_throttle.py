@@ -48,7 +48,7 @@ def test_off_at_zero():
 
 def throttled_agent(make_agent, version):
     agent = serving(make_agent, memory_pressure_threshold=20.0)
-    agent.estimator.window_s = 300.0  # the shipped window: the throttle's own estimate (now) sees the samples
+    agent.harvest.estimator.window_s = 300.0  # the shipped window: the throttle's own estimate (now) sees the samples
     agent.driver.version = version
     agent.driver.memory[f"{agent.config.cgroup_base}/reclaimed"] = 6 * GIB
     # on the clock throttle_now reads: with samples gone stale, the kernel's limit would lose the buffer on

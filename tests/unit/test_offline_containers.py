@@ -65,8 +65,8 @@ def test_containers_move_to_the_reclaimed_tree_and_the_nodemanager_stays(tmp_pat
 
         agent.tick(epoch=time.time() + 3601)
         assert agent.lending.current.state == "Online" and agent.state.get(name) is None
-        assert [e["name"] for e in agent.evictions] == [name] and agent.evictions[0]["cause"] == "lending"
-        assert sorted(agent.evictions[0]["pids"]) == [600, 601]
+        assert [e["name"] for e in agent.eviction.evictions] == [name] and agent.eviction.evictions[0]["cause"] == "lending"
+        assert sorted(agent.eviction.evictions[0]["pids"]) == [600, 601]
         assert driver.procs(NM) == [500]
     finally:
         agent.shutdown()

@@ -33,7 +33,7 @@ def pod_agent(make_agent, version):
     features = {"cpu.idle": True, "memory": True, "memory_protection": version == 2}
     driver = RecordingCgroups(version=version, features=features)
     agent = make_agent(TOPO, driver=driver, empty_grace=3600, memory_reserved_bytes=0)
-    agent.sampler = NodeSampler()
+    agent.harvest.sampler = NodeSampler()
     for name, doc, paths in (("pod/batch", {"qos": "reclaimed_cores", "millicpu": 100, "tier": "low"}, BATCH),
                              ("pod/db", {"qos": "dedicated_cores", "cpus": 2}, DB),
                              ("pod/api", {"qos": "shared_cores", "millicpu": 500}, API)):
@@ -53,7 +53,7 @@ def test_reclaimed_and_dedicated_pods_use_is_not_online_demand(tmp_path, make_ag
         agent.tick(now=101.0, epoch=1e9 + 1)
         # one second: the reclaimed pod used 3 cpus, the dedicated pod 2, online work 0.5
         driver.usage.update({BATCH[0]: 3 * 10 ** 9, DB[0]: 2 * 10 ** 9})
-        agent.sampler.busy = 5500
+        agent.harvest.sampler.busy = 5500
         driver.memory.update({BATCH[0]: 2 * GIB, DB[0]: GIB})
         driver.ceiling = (8 * GIB, 3 * GIB)  # the node's memory: 8 GiB, 3 available (a limit above the tree)
         agent.tick(now=102.0, epoch=1e9 + 2)
@@ -90,7 +90,7 @@ def test_online_pods_memory_is_protected_down_to_their_containers_and_up_to_kube
         assert driver.read("", BATCH[0], "memory.high") == driver.read("", "tidal/reclaimed", "memory.high")
         # revert puts the kubelet's cgroups back as found
         agent.shutdown()
-        agent.reconciler.revert()
+        agent.enforcement.reconciler.revert()
         assert [driver.read("", p, "memory.low") for p in ("kubepods", "kubepods/burstable", *API)] == ["0"] * 5
     finally:
         agent.shutdown()
