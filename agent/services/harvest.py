@@ -272,6 +272,8 @@ class Harvest:
         if offline is None or not sample.per_cpu_millicpu:
             return None
         topo = self.owner.topology
+        if isinstance(offline, (int, float)):  # one NUMA node: the trees' total is enough
+            return {n.id: max(0, round(sum(sample.per_cpu_millicpu.values()) - offline)) for n in topo.numa_nodes}
         per_node: Dict[int, int] = {}
         for cpu, busy in sample.per_cpu_millicpu.items():
             try:
@@ -282,19 +284,27 @@ class Harvest:
                 per_node[numa] = per_node.get(numa, 0) + max(0, round(busy - offline.get(cpu, 0.0)))
         return per_node
 
-    def _offline_per_cpu(self, sample, now: float) -> Optional[Dict[int, float]]:
+    def _offline_per_cpu(self, sample, now: float):
         """Millicpu the reclaimed and dedicated trees took on each cpu since the last period: v1's
         ``cpuacct.usage_percpu``; on v2 (no per-cpu counter) each thread's run time charged to the cpu
-        it last ran on, scaled to the trees' ``cpu.stat`` (see ``reporter.task_cpus``)."""
+        it last ran on, scaled to the trees' ``cpu.stat`` (see ``reporter.task_cpus``). On v2 with one
+        NUMA node, the trees' total alone (a number, not a map): that node's figure needs no per-cpu split,
+        and the threads' walk is the largest part of a v2 period with many offline cgroups."""
         other = [read() for read in self._percpu_readers]
         if any(v is None for v in other):
             if self._tasks is None:
                 return None
-            charged = self._tasks.sample()
             base = self.enforcement.base
             total = sum(sample.per_cgroup_millicpu.get(f"{base}/{tree}", 0) for tree in NOT_ONLINE)
             total += sum(v or 0 for v in self.offline_usage.values())
-            if total and not charged:
+            if len(self.owner.topology.numa_nodes) <= 1:
+                return total
+            if not total:
+                # nothing offline ran (under half a millicpu): nothing to charge, and no walk: a thread that
+                # did not run kept its run time, so the last walk's figures stay the base to charge from
+                return {}
+            charged = self._tasks.sample()
+            if not charged:
                 return None  # the first sample, or threads too short-lived to be seen
             return scale_to(charged, total)
         # each counter's own delta: a declared offline cgroup that appears or goes counts from its next sample

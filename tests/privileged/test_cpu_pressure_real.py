@@ -30,9 +30,10 @@ WORKERS, BUSY_S, PERIOD_S = 3, 0.007, 0.040
 # a worker: 7 ms of cpu time for each byte on its stdin
 WORKER = ("import os, time\nwhile os.read(0, 1):\n    end = time.thread_time() + %r\n"
           "    while time.thread_time() < end:\n        pass\n" % BUSY_S)
-# the clock: once told "go", one byte to every worker (the fds in argv) every 40 ms
-CLOCK = ("import os, sys, time\nfds = [int(a) for a in sys.argv[1:]]\nsys.stdin.readline()\nwhile True:\n"
-         "    time.sleep(%r - time.monotonic() %% %r)\n    for fd in fds:\n        os.write(fd, b'x')\n"
+# the clock: once told "go", one byte to every worker (the fds in argv) every 40 ms, until the workers are gone
+CLOCK = ("import os, sys, time\nfds = [int(a) for a in sys.argv[1:]]\nprint('ready', flush=True)\n"
+         "sys.stdin.readline()\ntry:\n    while True:\n        time.sleep(%r - time.monotonic() %% %r)\n"
+         "        for fd in fds:\n            os.write(fd, b'x')\nexcept BrokenPipeError:\n    pass\n"
          % (PERIOD_S, PERIOD_S))
 SPIN = "while True:\n    pass\n"
 
@@ -82,6 +83,12 @@ def test_online_cpu_pressure_takes_lent_cpus_back_under_saturation(tmp_path):
         # at most three times.
         trials = []
         while True:
+            # the clock started (an interpreter's start is a burst of cpu under emulation) before online idles
+            clock = subprocess.Popen([sys.executable, "-c", CLOCK, *map(str, writers)], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True, pass_fds=writers)
+            procs.append(clock)
+            agent.attach("web", clock.pid)
+            assert clock.stdout.readline().strip() == "ready"
             deadline, since = time.monotonic() + 90, None  # after a shrink the sizer keeps its 30 s peak
             while since is None or time.monotonic() - since < agent.config.period:  # online idle: a cpu lent
                 assert time.monotonic() < deadline, f"the agent never lent a cpu for a whole period ({trials})"
@@ -90,10 +97,6 @@ def test_online_cpu_pressure_takes_lent_cpus_back_under_saturation(tmp_path):
                 time.sleep(0.02)
             assert agent.counters["cpu_pressure_shrinks"] == 0
             by_use = agent.counters["fast_shrinks"]  # the utilisation guard's so far (the VM's slow start may fire it)
-            clock = subprocess.Popen([sys.executable, "-c", CLOCK, *map(str, writers)], stdin=subprocess.PIPE,
-                                     text=True, pass_fds=writers)
-            procs.append(clock)
-            agent.attach("web", clock.pid)
             step = time.monotonic()
             clock.stdin.write("go\n")
             clock.stdin.flush()

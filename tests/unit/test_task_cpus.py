@@ -60,3 +60,48 @@ def test_an_idle_threads_stat_is_not_read_and_its_next_run_is_charged_from_where
     assert tasks.sample() == {}  # it did not run: schedstat alone
     fake_thread(tmp_path, 10, 10, cpu=2, run_ns=1_600)
     assert tasks.sample() == {2: 600}  # still known: charged what it ran since, not all of its run time
+
+
+def _harvest_like(nodes, tasks, offline_millicpu):
+    """What ``Harvest._online_per_node`` reads on v2: no per-cpu counters, the threads' attribution, the
+    trees' totals, and a topology of ``nodes`` NUMA nodes with two cpus each."""
+    from types import SimpleNamespace
+
+    cpus = {cpu: SimpleNamespace(numa=node) for node in range(nodes) for cpu in (2 * node, 2 * node + 1)}
+    topology = SimpleNamespace(numa_nodes=[SimpleNamespace(id=n) for n in range(nodes)],
+                               online_cpus=lambda: tuple(cpus), cpu=lambda c: cpus[c])
+    harvest = SimpleNamespace(_percpu_readers=[lambda: None], _tasks=tasks, offline_usage={},
+                              enforcement=SimpleNamespace(base="t"), owner=SimpleNamespace(topology=topology))
+    sample = SimpleNamespace(per_cpu_millicpu={cpu: 500 for cpu in cpus},
+                             per_cgroup_millicpu={"t/reclaimed": offline_millicpu})
+    return harvest, sample
+
+
+class _Walks:
+    def __init__(self, charged):
+        self.charged, self.walks = charged, 0
+
+    def sample(self):
+        self.walks += 1
+        return self.charged
+
+
+def test_online_per_numa_node_on_v2_walks_threads_only_where_it_must():
+    from agent.services.harvest import Harvest
+
+    def per_node(harvest, sample):
+        harvest._offline_per_cpu = lambda s, now: Harvest._offline_per_cpu(harvest, s, now)
+        return Harvest._online_per_node(harvest, sample, 0.0)
+
+    # one NUMA node: the node's figure is every cpu's busy less the trees' total, with no walk
+    walks = _Walks({0: 1})
+    assert per_node(*_harvest_like(1, walks, 300)) == {0: 700} and walks.walks == 0
+    # two nodes, offline idle: nothing to charge, no walk
+    walks = _Walks({0: 1})
+    assert per_node(*_harvest_like(2, walks, 0)) == {0: 1000, 1: 1000} and walks.walks == 0
+    # two nodes, offline ran on cpu 3 (node 1): the walk charges it there
+    walks = _Walks({3: 5_000})
+    assert per_node(*_harvest_like(2, walks, 400)) == {0: 1000, 1: 600} and walks.walks == 1
+    # the first walk is only a baseline: not known yet
+    walks = _Walks({})
+    assert per_node(*_harvest_like(2, walks, 400)) is None and walks.walks == 1
