@@ -55,12 +55,14 @@ from agent import connections
 from agent.authority import Caller, check, may_touch, pid_owner, token_matches
 from agent.connections import IDLE_TIMEOUT, MAX_CONNECTIONS, REQUEST_DEADLINE, DeadlineReader, Peer, Slots
 from agent.errors import AdmissionError, Conflict, Forbidden, NotFound, TidalError, Unfit
+from agent.workers import Workers
 from contracts.capacity import FORMATS, render_capacity
 from contracts.jsonbound import BoundError, loads_bounded
 
 log = logging.getLogger("tidal.api")
 MAX_BODY = 1 << 20
 BACKLOG = 512
+ACCEPT_BATCH = 64  # connections one wake of a listener's accept loop takes, at most
 OPENAPI = os.path.join(os.path.dirname(__file__), "openapi.json")
 
 
@@ -115,6 +117,15 @@ class _Handler(BaseHTTPRequestHandler):
             super().handle_one_request()
         except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True  # the client went away: not the agent's error
+
+    def parse_request(self) -> bool:
+        if not super().parse_request():
+            return False
+        if self.reader.eof:  # the headers ended at the end of the stream, not at their blank line
+            self.send_error(400, "the request ended before its headers did; nothing was done")
+            self.close_connection = True
+            return False
+        return True
 
     def _caller(self) -> Caller:
         if self.server.via == "tcp":
@@ -411,12 +422,14 @@ class _Busy(Exception):
     """No slot for what the request asks (answered 503, then closed)."""
 
 
-class _Bounded(socketserver.ThreadingMixIn):
+class _Bounded:
     """Slots per listener and per peer (``agent.connections``): a connection with no slot is
     answered 503 and closed at once, so a flood costs neither descriptors nor threads beyond the caps.
-    ``via``: "unix", "plugin" or "tcp"."""
+    Each connection with a slot is served on a thread of ``agent.workers`` (reused, not started per
+    connection), and each wake of the accept loop takes every connection the kernel has queued (up to
+    ``ACCEPT_BATCH``): under a flood of reconnections the accept loop must keep up with the queue, or
+    an honest client's connection waits behind the flood's. ``via``: "unix", "plugin" or "tcp"."""
 
-    daemon_threads = True
     request_queue_size = BACKLOG
     token: Optional[str] = None
     via = "unix"
@@ -426,11 +439,21 @@ class _Bounded(socketserver.ThreadingMixIn):
         self.waiters = Slots(connections.MAX_WAITERS, connections.MAX_WAITERS_PER_PEER, connections.RESERVED)
         self.peers: Dict[socket.socket, Peer] = {}
         self.holding: Dict[socket.socket, bool] = {}  # does the connection hold a request slot now
+        self.workers = Workers(self._serve, name=f"tidal-api-{self.via}")
         super().server_activate()
+        self.socket.setblocking(False)  # the accept loop takes what is queued, then waits again
 
     def privileged(self, peer: Peer) -> bool:
         """Root, and every peer of the plugin socket (its mode lets only the plugin's uid and root in)."""
         return peer.uid == 0 or self.via == "plugin"
+
+    def _handle_request_noblock(self) -> None:  # socketserver's accept, called when the listener is readable
+        for _ in range(ACCEPT_BATCH):
+            try:
+                request, client_address = self.get_request()
+            except OSError:  # nothing more queued (EAGAIN), or a connection reset before it was taken
+                return
+            self.process_request(request, client_address)
 
     def process_request(self, request, client_address) -> None:
         try:
@@ -447,15 +470,31 @@ class _Bounded(socketserver.ThreadingMixIn):
             return
         self.peers[request] = peer
         self.holding[request] = True
-        super().process_request(request, client_address)
-
-    def process_request_thread(self, request, client_address) -> None:
         try:
-            super().process_request_thread(request, client_address)
+            self.workers.submit(request, client_address)
+        except RuntimeError as exc:  # no thread could be started: refused like a connection with no slot
+            log.warning("api: no thread for a %s connection: %s", self.via, exc)
+            self._release(request)
+            try:
+                request.sendall(_BUSY)
+            except OSError:
+                pass
+            self.shutdown_request(request)
+
+    def _serve(self, request, client_address) -> None:
+        """One connection, on a worker thread: its requests, then it is closed and its slot given back."""
+        try:
+            self.finish_request(request, client_address)
+        except Exception:  # noqa: BLE001 - one connection's failure is logged, the listener serves on
+            self.handle_error(request, client_address)
         finally:
-            peer = self.peers.pop(request, None)
-            if self.holding.pop(request, False) and peer is not None:
-                self.slots.give(peer.key)
+            self.shutdown_request(request)
+            self._release(request)
+
+    def _release(self, request) -> None:
+        peer = self.peers.pop(request, None)
+        if self.holding.pop(request, False) and peer is not None:
+            self.slots.give(peer.key)
 
 
 class _UnixServer(_Bounded, socketserver.UnixStreamServer):
@@ -474,8 +513,10 @@ class Servers:
         self.paths = [p for p in paths if p]
 
     def status(self) -> Dict[str, Any]:
-        """Per listener: connection slots used, peers holding them, refusals (requests and long-polls)."""
-        return {server.via: {"requests": server.slots.status(), "long_polls": server.waiters.status()}
+        """Per listener: connection slots used, peers holding them, refusals (requests and long-polls), and
+        its serving threads (alive, idle, ever started)."""
+        return {server.via: {"requests": server.slots.status(), "long_polls": server.waiters.status(),
+                             "threads": server.workers.status()}
                 for server in self.servers}
 
     def close(self) -> None:

@@ -1,6 +1,6 @@
 """Who is on the other end of an API connection, and how many connections each may hold.
 
-The agent's API is served by one thread per connection. Without limits one
+The agent's API serves each connection on a thread of its own (``agent.workers``). Without limits one
 local user holds every thread with slow requests (one header line every few
 seconds) and locks out root, the token holder and the NRI plugin. So:
 
@@ -240,7 +240,8 @@ class DeadlineReader(io.RawIOBase):
     """A connection's reads under the two limits: ``IDLE_TIMEOUT`` before a request's first byte,
     then ``REQUEST_DEADLINE`` from that byte for the whole request. ``start_request()`` re-arms it
     (the next read waits for a new request's first byte); a read past the deadline raises
-    ``TimeoutError``."""
+    ``TimeoutError``. ``eof``: the client's end of the stream was read during this request (a header
+    block that ends there was cut short: the stdlib's parser takes it as whole)."""
 
     def __init__(self, conn: socket.socket, idle: float = IDLE_TIMEOUT, deadline: float = REQUEST_DEADLINE) -> None:
         super().__init__()
@@ -248,12 +249,14 @@ class DeadlineReader(io.RawIOBase):
         self.idle = idle
         self.deadline_s = deadline
         self.deadline: Optional[float] = None
+        self.eof = False
 
     def readable(self) -> bool:
         return True
 
     def start_request(self) -> None:
         self.deadline = None
+        self.eof = False
 
     def readinto(self, buffer) -> int:
         if self.deadline is None:
@@ -264,7 +267,9 @@ class DeadlineReader(io.RawIOBase):
                 raise TimeoutError("request deadline passed")
             self.conn.settimeout(remaining)
         count = self.conn.recv_into(buffer)
-        if count and self.deadline is None:
+        if not count:
+            self.eof = True
+        elif self.deadline is None:
             self.deadline = time.monotonic() + self.deadline_s
         return count
 

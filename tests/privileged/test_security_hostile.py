@@ -164,19 +164,22 @@ def test_one_users_slow_clients_leave_root_the_token_holder_and_the_plugin_serve
         while not capped():
             assert time.monotonic() < deadline and flood.poll() is None, root.request("GET", "/v1/status")["api"]
             time.sleep(0.2)
-        for _ in range(3):  # across the 10 s request deadline: the flood reconnects, the others stay served
+        for round_ in range(3):  # across the 10 s request deadline: the flood reconnects, the others stay served
             # each answered at once, not after a slot the deadline freed: root within its client's 5 s, the
             # others timed from their connect (the user's interpreter start, 1-3 s under the v2 tier's
             # emulation, is not the agent's)
             start = time.monotonic()
             assert AgentClient(agent["sock"], timeout=5).request("GET", "/v1/health") == {"ok": True}  # root
-            assert time.monotonic() - start < 5
+            root_s = time.monotonic() - start
+            assert root_s < 5
             token = {"Authorization": f"Bearer {agent['token']}"}
             got = as_user(users["honest"], [
                 [agent["tcp"], "GET", "/v1/workloads", None, token],  # the token holder
                 [agent["plugin"], "GET", "/v1/assignments", None, {"X-Tidal-NRI": "registered"}],  # the plugin
             ])
             assert [g[0] for g in got] == [200, 200], got
+            print(f"round {round_}: root {root_s:.3f} s, the token holder {got[0][2]:.3f} s, the plugin "
+                  f"{got[1][2]:.3f} s; tcp {root.request('GET', '/v1/status')['api']['tcp']}")
             assert all(g[2] < 5 for g in got), got
             # the attacker itself gets no more than its share: one more request of its own is turned away.
             # Its flood takes back a slot the 10 s deadline closed within ~0.2-2 s, and a request landing in
