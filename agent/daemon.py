@@ -49,6 +49,8 @@ from agent.services.admission import Admission
 from agent.services.enforcement import Enforcement
 from agent.services.eviction import Eviction
 from agent.services.harvest import Harvest
+from agent.services.protection import MemoryProtection
+from agent.services.usage import Usage
 from agent.services.lending import Lending, iso
 from agent.services.owner import StateOwner, StateView
 from agent.topology import HostFS, Topology, discover
@@ -183,6 +185,7 @@ class Agent:
         # the services, built by start() once the topology and the driver are known
         self.enforcement: Optional[Enforcement] = None
         self.harvest: Optional[Harvest] = None
+        self.usage: Optional[Usage] = None
         self.admission: Optional[Admission] = None
         self.eviction: Optional[Eviction] = None
         self.node: Optional[Lending] = None
@@ -338,8 +341,10 @@ class Agent:
                                        protection=lambda: self.harvest.protection.current(),
                                        confined=lambda: self.harvest.confined(),
                                        io_limits=lambda: self.harvest.io_guard.knob())
+        protection = MemoryProtection(owner, self.enforcement)
+        self.usage = Usage(owner, self.enforcement, cfg)
         self.harvest = Harvest(owner, self.enforcement, self.lending, cfg, self.counters,
-                               os.path.join(cfg.state_dir, "history.json"))
+                               os.path.join(cfg.state_dir, "history.json"), self.usage, protection)
         if self.pusher is not None:
             self.harvest.on_change = lambda: self.pusher.submit(self.capacity_doc())
         self.admission = Admission(owner, self.enforcement, self.harvest, self.lending, cfg.empty_grace,
@@ -482,7 +487,7 @@ class Agent:
             owner = cpu_owners(pool, self.state.allocations)
             cpus = [{"id": c, "numa": topo.cpu(c).numa, "core": topo.cpu(c).core,
                      **dict(zip(("pool", "workload"), owner.get(c, ("unassigned", None)))),
-                     "usage_millicpu": self.harvest.cpu_usage.get(c)} for c in topo.online_cpus()]
+                     "usage_millicpu": self.usage.by_cpu.get(c)} for c in topo.online_cpus()]
             sources: Dict[str, int] = {}
             for alloc in self.state.allocations:
                 sources[alloc.source] = sources.get(alloc.source, 0) + 1
@@ -509,9 +514,9 @@ class Agent:
                                 "kernel_millicpu": dict(self.harvest.kernel_work.kernel_millicpu),
                                 "confinements": self.harvest.kernel_work.confinements},
                 "node_state": self.lending.current.state,
-                "online_millicpu": self.harvest.online_millicpu,
-                "offline_cgroups": [{"path": p, "millicpu": self.harvest.offline_usage.get(p)}
-                                    for p in self.harvest.offline_cgroups],
+                "online_millicpu": self.usage.online_millicpu,
+                "offline_cgroups": [{"path": p, "millicpu": self.usage.offline_usage.get(p)}
+                                    for p in self.usage.offline_cgroups],
                 "push": self.pusher.records() if self.pusher is not None else [],
                 "offline_containers": self.containers.status() if self.containers is not None else None,
                 "host_units": self.host_units.status() if self.host_units is not None else None,
@@ -587,10 +592,10 @@ class Agent:
         """The node's memory as the eviction causes see it (status, metrics)."""
         total = self.harvest.memory_total()
         meter = self.harvest.memory_pressure
-        return {"total_bytes": total, "available_bytes": self.harvest.available_bytes,
+        return {"total_bytes": total, "available_bytes": self.usage.available_bytes,
                 "evict_below_bytes": self.eviction.watermark(total),
-                "online_bytes": self.harvest.online_bytes,
-                "reclaimed_bytes": self.harvest.offline_bytes,
+                "online_bytes": self.usage.online_bytes,
+                "reclaimed_bytes": self.usage.offline_bytes,
                 # memory.low in force (v2; None on v1, which has none): per cgroup holding online processes
                 "protected_bytes": sum(v for _, v in self.harvest.protection.current())
                 if self.driver.features.get("memory_protection") else None,
@@ -620,7 +625,7 @@ class Agent:
             if watch:
                 self._last_watch = now
                 self.admission.release_empty(paths, now)
-                self.harvest.forget(paths.values())
+                self.usage.forget(paths.values())
             if self.containers is not None:
                 self.containers.adopt()
             if self.config.resize and sampled:
@@ -628,7 +633,7 @@ class Agent:
             self.harvest.refresh(now, epoch)
             self.eviction.overcommit(now)
             # memory runs out in seconds: the available figure is read every period, not sampled
-            self.eviction.memory(now, self.harvest.read_available(), self.harvest.memory_total(),
+            self.eviction.memory(now, self.usage.read_available(), self.harvest.memory_total(),
                                  self.harvest.memory_pressure.percent)
             self.node.advance(epoch)
             self.reconcile()

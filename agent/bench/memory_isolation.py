@@ -452,7 +452,7 @@ def run(box_mib: int = 512, online_anon_mib: int = 64, online_file_mib: int = 64
             if time.monotonic() > deadline:
                 cleanup()
                 raise TidalError(f"no reclaimed cpu capacity for the offline job after 30 s "
-                                 f"({agent.state.reclaim_millicpu} millicpu; online uses {agent.harvest.online_millicpu} "
+                                 f"({agent.state.reclaim_millicpu} millicpu; online uses {agent.usage.online_millicpu} "
                                  "millicpu): this host's cpus are busy")
             time.sleep(config.period)
         base = config.cgroup_base
@@ -494,8 +494,8 @@ def run(box_mib: int = 512, online_anon_mib: int = 64, online_file_mib: int = 64
                 result["kernel_confinements"] = agent.harvest.kernel_work.confinements
                 result["limits"] = list(agent.harvest.limits()[1:])
                 result["protection"] = dict(agent.harvest.protection.current())
-                result["seen"] = {"node_bytes": agent.harvest.memory_total(), "online_bytes": agent.harvest.online_bytes,
-                                  "available_bytes": agent.harvest.available_bytes}
+                result["seen"] = {"node_bytes": agent.harvest.memory_total(), "online_bytes": agent.usage.online_bytes,
+                                  "available_bytes": agent.usage.available_bytes}
             return result
         finally:
             scenario.kill()

@@ -55,7 +55,7 @@ class AgentCollector(Collector):
                 labels = [alloc.name, alloc.qos.value]
                 requested.add_metric(labels, alloc.millicpu)
                 where = agent.cgroups_of(alloc)
-                value = agent.harvest.usage.get(where[0]) if where else None
+                value = agent.usage.by_cgroup.get(where[0]) if where else None
                 if value is not None:
                     usage.add_metric(labels, value)
             yield usage
@@ -130,7 +130,7 @@ class AgentCollector(Collector):
             g.add_metric([], agent.enforcement.last_reconcile_ms / 1000.0)
             yield g
             g = GaugeMetricFamily("tidal_online_usage_millicpu", "online (non-dedicated, non-reclaimed) cpu use")
-            g.add_metric([], agent.harvest.online_millicpu)
+            g.add_metric([], agent.usage.online_millicpu)
             yield g
             # every family is described even with no series (no push target here): what exists does not
             # depend on the node's configuration, and a dashboard's names are checked against it

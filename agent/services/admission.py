@@ -193,7 +193,7 @@ class Admission:
             "partition": self.enforcement.reconciler.partition_of(path) if path and alloc.qos is QoS.DEDICATED
             else None,
             "pids": sorted({pid for p in paths for pid in driver.procs(p)}),
-            "usage_millicpu": self.harvest.usage.get(path) if path else None,
+            "usage_millicpu": self.harvest.usage.by_cgroup.get(path) if path else None,
             **({"limit_millicpu": alloc.limit_millicpu} if alloc.limit_millicpu is not None else {}),
         }
 

@@ -73,10 +73,10 @@ class FastGuard:
         readers = [self.harvest.driver.usage_reader(p) for p in (f"{base}/shared", f"{base}/system")]
         files = PressureFiles(getattr(self.harvest.driver, "membership_dir", lambda path: None))
         # stalls on memory are rare: the node's one figure says when the online cgroups' need reading
-        pressure = PressureMeter(files.read, self.harvest.online_cgroups, "memory",
+        pressure = PressureMeter(files.read, self.harvest.usage.online_cgroups, "memory",
                                  gate=lambda: files.node_total("memory"))
-        cpu_pressure = PressureMeter(files.read, self.harvest.online_cgroups, "cpu")
-        io_pressure = PressureMeter(files.read, self.harvest.online_cgroups, "io")
+        cpu_pressure = PressureMeter(files.read, self.harvest.usage.online_cgroups, "cpu")
+        io_pressure = PressureMeter(files.read, self.harvest.usage.online_cgroups, "io")
         cpu_every = max(1, round(WINDOW_S / self.harvest.config.guard_interval))  # intervals per cpu pressure sample
         io_every = max(1, round(io_throttle.WINDOW_S / self.harvest.config.guard_interval))
         history: List[tuple] = []
@@ -133,7 +133,7 @@ class FastGuard:
                 return False
             log.info("online cpu pressure %.1f%% (threshold %g%%): every lent cpu taken back, lending held "
                      "%d periods", percent, self.harvest.cpu_loop.threshold, self.harvest.cpu_loop.holding)
-            self.shrink_now(self.harvest.online_millicpu)
+            self.shrink_now(self.harvest.usage.online_millicpu)
             self.harvest.counters["cpu_pressure_shrinks"] = self.harvest.counters.get("cpu_pressure_shrinks", 0) + 1
             return True
 
@@ -156,7 +156,7 @@ class FastGuard:
             lay = _layout(owner.topology, owner.state)
             self.harvest.sizer.force(len(lay.free), int(online_millicpu))
             lendable = len(owner.pools().lendable)
-            self.harvest.estimator.observe(time.monotonic(), time.time(), int(online_millicpu), self.harvest.online_bytes)
+            self.harvest.estimator.observe(time.monotonic(), time.time(), int(online_millicpu), self.harvest.usage.online_bytes)
             owner.commit(self.harvest.with_capacity(owner.state.with_reclaim_cpus(lendable)))
             self.harvest.enforcement.reconcile()
             self.harvest.counters["fast_shrinks"] = self.harvest.counters.get("fast_shrinks", 0) + 1

@@ -92,7 +92,7 @@ def test_online_cpu_pressure_takes_lent_cpus_back_under_saturation(tmp_path):
             deadline, since = time.monotonic() + 90, None  # after a shrink the sizer keeps its 30 s peak
             while since is None or time.monotonic() - since < agent.config.period:  # online idle: a cpu lent
                 assert time.monotonic() < deadline, f"the agent never lent a cpu for a whole period ({trials})"
-                lent = agent.harvest.guard.carved() and agent.harvest.online_millicpu
+                lent = agent.harvest.guard.carved() and agent.usage.online_millicpu
                 since = (since or time.monotonic()) if lent else None
                 time.sleep(0.02)
             assert agent.counters["cpu_pressure_shrinks"] == 0

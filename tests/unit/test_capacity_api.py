@@ -34,7 +34,7 @@ def serving(make_agent, name="a", **overrides):
     extra = tuple(k for k in overrides if k not in ("api_poll_interval", "empty_grace", "memory_reserved_bytes"))
     agent = make_agent(TOPO, name=name, state="state", api_poll_interval=0.05, empty_grace=3600,
                        memory_reserved_bytes=0, extra=extra, **overrides)
-    agent.harvest.sampler = FakeSampler()
+    agent.usage.sampler = FakeSampler()
     agent.harvest.estimator.window_s = 2.0
     agent.serve()
     return agent
@@ -104,7 +104,7 @@ def test_long_poll_wakes_on_change_within_one_period(agent):
     poller.start()
     time.sleep(0.3)
     assert poller.is_alive()  # nothing changed yet: still waiting
-    agent.harvest.sampler.online = 6000  # online load rises
+    agent.usage.sampler.online = 6000  # online load rises
     agent.tick(now=100.0)
     poller.join(timeout=10)
     assert answer["status"] == 200 and answer["doc"]["generation"] > generation
@@ -124,7 +124,7 @@ def test_low_tier_is_evicted_before_min_and_high(tmp_path, make_agent):
         for name, tier in (("old-low", "low"), ("high", "high"), ("min", "min"), ("young-low", "low")):
             agent.admit({"name": name, "qos": "reclaimed_cores", "millicpu": 1500, "tier": tier})
             agent.attach(name, 10_000 + len(agent.state.allocations))
-        agent.harvest.sampler.online = 3000  # capacity -> 8000 - 3600 = 4400 -> 4000: 6000 asked
+        agent.usage.sampler.online = 3000  # capacity -> 8000 - 3600 = 4400 -> 4000: 6000 asked
         agent.tick(now=10.0)
         assert agent.state.reclaim_millicpu == 4000
         assert len(agent.state.allocations) == 4  # throttled, not yet evicted
@@ -135,7 +135,7 @@ def test_low_tier_is_evicted_before_min_and_high(tmp_path, make_agent):
         kills = [op for op in agent.driver.ops if op[0] == "kill"]
         assert [op[1] for op in kills] == ["tidal/reclaimed/low/young-low", "tidal/reclaimed/low/old-low"]
         assert agent.eviction.by_tier == {"low": 2, "min": 0, "high": 0}
-        agent.harvest.sampler.online = 5000  # capacity -> 2000: min goes next, high stays
+        agent.usage.sampler.online = 5000  # capacity -> 2000: min goes next, high stays
         agent.tick(now=20.0)
         agent.tick(now=26.0)
         assert [e["name"] for e in agent.eviction.evictions][2:] == ["min"]
@@ -164,7 +164,7 @@ def test_lending_round_trip_with_notice_and_a_restart_in_the_middle(tmp_path, ma
     capacity = client.request("GET", "/v1/capacity")
     # lent: the whole machine less the reserved pool (cpu 0), whatever the usage estimate says
     assert capacity["node_state"] == "Offline" and capacity["reclaimed"]["millicpu"] == 7000
-    agent.harvest.sampler.online = 5000  # system work outside Tidal, busy: the lent machine is still offline's
+    agent.usage.sampler.online = 5000  # system work outside Tidal, busy: the lent machine is still offline's
     agent.tick(now=2.5)
     capacity = client.request("GET", "/v1/capacity")
     assert capacity["reclaimed"]["millicpu"] == 7000 and capacity["source"] == "lent"
@@ -216,7 +216,7 @@ def test_bad_lending_requests(agent, path, body, status, message):
 def test_push_to_an_unreachable_url_never_blocks_the_loop(tmp_path, make_agent):
     agent = serving(make_agent, push_url="http://127.0.0.1:9/capacity")
     try:
-        agent.harvest.sampler.online = 1000
+        agent.usage.sampler.online = 1000
         start = time.monotonic()
         for i in range(5):
             agent.tick(now=10.0 + i)
@@ -245,7 +245,7 @@ def test_push_command_gets_the_yarn_body(tmp_path, make_agent):
     out = tmp_path / "pushed.json"
     agent = serving(make_agent, push_command=["sh", "-c", f'cat > {out}; echo "$TIDAL_VCORES" >> {out}.env'])
     try:
-        agent.harvest.sampler.online = 2000
+        agent.usage.sampler.online = 2000
         agent.tick(now=5.0)
         deadline = time.monotonic() + 10
         while agent.pusher.sent < 1 and time.monotonic() < deadline:

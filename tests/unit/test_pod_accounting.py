@@ -33,7 +33,7 @@ def pod_agent(make_agent, version):
     features = {"cpu.idle": True, "memory": True, "memory_protection": version == 2}
     driver = RecordingCgroups(version=version, features=features)
     agent = make_agent(TOPO, driver=driver, empty_grace=3600, memory_reserved_bytes=0)
-    agent.harvest.sampler = NodeSampler()
+    agent.usage.sampler = NodeSampler()
     for name, doc, paths in (("pod/batch", {"qos": "reclaimed_cores", "millicpu": 100, "tier": "low"}, BATCH),
                              ("pod/db", {"qos": "dedicated_cores", "cpus": 2}, DB),
                              ("pod/api", {"qos": "shared_cores", "millicpu": 500}, API)):
@@ -53,19 +53,19 @@ def test_reclaimed_and_dedicated_pods_use_is_not_online_demand(tmp_path, make_ag
         agent.tick(now=101.0, epoch=1e9 + 1)
         # one second: the reclaimed pod used 3 cpus, the dedicated pod 2, online work 0.5
         driver.usage.update({BATCH[0]: 3 * 10 ** 9, DB[0]: 2 * 10 ** 9})
-        agent.harvest.sampler.busy = 5500
+        agent.usage.sampler.busy = 5500
         driver.memory.update({BATCH[0]: 2 * GIB, DB[0]: GIB})
         driver.ceiling = (8 * GIB, 3 * GIB)  # the node's memory: 8 GiB, 3 available (a limit above the tree)
         agent.tick(now=102.0, epoch=1e9 + 2)
-        assert agent.harvest.offline_usage == {BATCH[0]: 3000, DB[0]: 2000}
-        assert agent.harvest.online_millicpu == 500
+        assert agent.usage.offline_usage == {BATCH[0]: 3000, DB[0]: 2000}
+        assert agent.usage.online_millicpu == 500
         # memory: the reclaimed pod's is offline's; the dedicated pod's is online's (it is online work)
-        assert agent.harvest.online_bytes == 8 * GIB - 3 * GIB - 2 * GIB
+        assert agent.usage.online_bytes == 8 * GIB - 3 * GIB - 2 * GIB
         assert agent.memory_status()["reclaimed_bytes"] == 2 * GIB
         # the pod ends: it is no longer read, and what it used no longer counts
         agent.release("pod/batch")
         agent.tick(now=103.0, epoch=1e9 + 3)
-        assert set(agent.harvest.offline_usage) == {DB[0]}
+        assert set(agent.usage.offline_usage) == {DB[0]}
     finally:
         agent.shutdown()
 

@@ -63,18 +63,18 @@ def test_an_idle_threads_stat_is_not_read_and_its_next_run_is_charged_from_where
 
 
 def _harvest_like(nodes, tasks, offline_millicpu):
-    """What ``Harvest._online_per_node`` reads on v2: no per-cpu counters, the threads' attribution, the
+    """What ``Usage.online_per_node`` reads on v2: no per-cpu counters, the threads' attribution, the
     trees' totals, and a topology of ``nodes`` NUMA nodes with two cpus each."""
     from types import SimpleNamespace
 
     cpus = {cpu: SimpleNamespace(numa=node) for node in range(nodes) for cpu in (2 * node, 2 * node + 1)}
     topology = SimpleNamespace(numa_nodes=[SimpleNamespace(id=n) for n in range(nodes)],
                                online_cpus=lambda: tuple(cpus), cpu=lambda c: cpus[c])
-    harvest = SimpleNamespace(_percpu_readers=[lambda: None], _tasks=tasks, offline_usage={},
+    usage = SimpleNamespace(_percpu_readers=[lambda: None], _tasks=tasks, offline_usage={},
                               enforcement=SimpleNamespace(base="t"), owner=SimpleNamespace(topology=topology))
     sample = SimpleNamespace(per_cpu_millicpu={cpu: 500 for cpu in cpus},
                              per_cgroup_millicpu={"t/reclaimed": offline_millicpu})
-    return harvest, sample
+    return usage, sample
 
 
 class _Walks:
@@ -87,11 +87,11 @@ class _Walks:
 
 
 def test_online_per_numa_node_on_v2_walks_threads_only_where_it_must():
-    from agent.services.harvest import Harvest
+    from agent.services.usage import Usage
 
-    def per_node(harvest, sample):
-        harvest._offline_per_cpu = lambda s, now: Harvest._offline_per_cpu(harvest, s, now)
-        return Harvest._online_per_node(harvest, sample, 0.0)
+    def per_node(usage, sample):
+        usage._offline_per_cpu = lambda s, now: Usage._offline_per_cpu(usage, s, now)
+        return Usage.online_per_node(usage, sample, 0.0)
 
     # one NUMA node: the node's figure is every cpu's busy less the trees' total, with no walk
     walks = _Walks({0: 1})
