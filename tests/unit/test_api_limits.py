@@ -17,6 +17,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from agent.api import IDLE_TIMEOUT, MAX_CONNECTIONS
 from agent.client import AgentClient
 from agent.topology.synthetic import Shape, write_tree
@@ -108,7 +110,9 @@ def test_two_thousand_idle_connections_do_not_stop_the_agent(tmp_path):
     assert "Too many open files" not in text and "Traceback" not in text, text[-2000:]
 
 
-def test_a_client_that_sends_half_a_request_is_dropped_and_others_are_served(tmp_path):
+@pytest.fixture
+def socket_agent(tmp_path):
+    """``tidal agent`` on a unix socket (a synthetic tree, recorded cgroups): (socket path, process)."""
     write_tree(str(tmp_path / "root"), Shape(sockets=1, numa_per_socket=1, cores_per_numa=2))
     sock = str(tmp_path / "t.sock")
     agent = subprocess.Popen([sys.executable, "-m", "agent.cli", "agent", "--root", str(tmp_path / "root"),
@@ -116,60 +120,56 @@ def test_a_client_that_sends_half_a_request_is_dropped_and_others_are_served(tmp
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         _wait_until_serving(agent, sock)
-        slow = socket.socket(socket.AF_UNIX)
-        slow.connect(sock)
-        slow.sendall(b"POST /v1/workloads HTTP/1.1\r\nContent-Length: 100\r\n\r\n{\"na")  # and then nothing
-        assert _health_ms(sock) < 100  # another client is not held up
-        slow.settimeout(IDLE_TIMEOUT + 5)
-        start = time.monotonic()
-        answer = b""
-        while chunk := slow.recv(4096):  # a 408 for the request that never came whole, then the close
-            answer += chunk
-        assert answer.startswith(b"HTTP/1.1 408 ") and b"did not arrive within" in answer, answer
-        assert time.monotonic() - start <= IDLE_TIMEOUT + 2
-        slow.close()
-        assert AgentClient(sock).request("GET", "/v1/workloads") == {"workloads": []}  # nothing half-admitted
+        yield sock, agent
     finally:
         agent.send_signal(signal.SIGTERM)
         agent.wait(timeout=20)
 
 
-def test_a_request_cut_short_in_its_headers_does_nothing(tmp_path):
+def test_a_client_that_sends_half_a_request_is_dropped_and_others_are_served(socket_agent):
+    sock, _ = socket_agent
+    slow = socket.socket(socket.AF_UNIX)
+    slow.connect(sock)
+    slow.sendall(b"POST /v1/workloads HTTP/1.1\r\nContent-Length: 100\r\n\r\n{\"na")  # and then nothing
+    assert _health_ms(sock) < 100  # another client is not held up
+    slow.settimeout(IDLE_TIMEOUT + 5)
+    start = time.monotonic()
+    answer = b""
+    while chunk := slow.recv(4096):  # a 408 for the request that never came whole, then the close
+        answer += chunk
+    assert answer.startswith(b"HTTP/1.1 408 ") and b"did not arrive within" in answer, answer
+    assert time.monotonic() - start <= IDLE_TIMEOUT + 2
+    slow.close()
+    assert AgentClient(sock).request("GET", "/v1/workloads") == {"workloads": []}  # nothing half-admitted
+
+
+def test_a_request_cut_short_in_its_headers_does_nothing(socket_agent):
     """The stdlib's header parser takes the end of the stream as the end of the headers: a DELETE whose
     client went away mid-headers was carried out (and one slow client's abandoned connection answered a
     whole request). Now it is a 400 that says so, and the workload is still there."""
-    write_tree(str(tmp_path / "root"), Shape(sockets=1, numa_per_socket=1, cores_per_numa=2))
-    sock = str(tmp_path / "t.sock")
-    agent = subprocess.Popen([sys.executable, "-m", "agent.cli", "agent", "--root", str(tmp_path / "root"),
-                              "--cgroups-in-memory", "--socket", sock, "--state-dir", str(tmp_path / "state")],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        _wait_until_serving(agent, sock)
-        client = AgentClient(sock)
-        client.request("POST", "/v1/workloads", {"name": "web", "qos": "shared_cores", "cpus": 1})
-        for cut in (b"DELETE /v1/workloads/web HTTP/1.1\r\nHost: x\r\n",  # no blank line
-                    b"DELETE /v1/workloads/web HTTP/1.1\r\n"):  # no header at all
-            conn = socket.socket(socket.AF_UNIX)
-            conn.connect(sock)
-            conn.sendall(cut)
-            conn.shutdown(socket.SHUT_WR)  # the end of the stream, the answer still readable
-            conn.settimeout(5)
-            answer = b""
-            while chunk := conn.recv(4096):
-                answer += chunk
-            conn.close()
-            assert answer.startswith(b"HTTP/1.1 400 ") and b"ended before its headers" in answer, answer
-        assert [w["name"] for w in client.request("GET", "/v1/workloads")["workloads"]] == ["web"]
-        # the whole request, half-closed after its blank line, is carried out
+    sock, agent = socket_agent
+    client = AgentClient(sock)
+    client.request("POST", "/v1/workloads", {"name": "web", "qos": "shared_cores", "cpus": 1})
+    for cut in (b"DELETE /v1/workloads/web HTTP/1.1\r\nHost: x\r\n",  # no blank line
+                b"DELETE /v1/workloads/web HTTP/1.1\r\n"):  # no header at all
         conn = socket.socket(socket.AF_UNIX)
         conn.connect(sock)
-        conn.sendall(b"DELETE /v1/workloads/web HTTP/1.1\r\nHost: x\r\n\r\n")
-        conn.shutdown(socket.SHUT_WR)
+        conn.sendall(cut)
+        conn.shutdown(socket.SHUT_WR)  # the end of the stream, the answer still readable
         conn.settimeout(5)
-        assert conn.recv(4096).startswith(b"HTTP/1.1 200 ")
+        answer = b""
+        while chunk := conn.recv(4096):
+            answer += chunk
         conn.close()
-        assert client.request("GET", "/v1/workloads") == {"workloads": []}
-        assert agent.poll() is None
-    finally:
-        agent.send_signal(signal.SIGTERM)
-        agent.wait(timeout=20)
+        assert answer.startswith(b"HTTP/1.1 400 ") and b"ended before its headers" in answer, answer
+    assert [w["name"] for w in client.request("GET", "/v1/workloads")["workloads"]] == ["web"]
+    # the whole request, half-closed after its blank line, is carried out
+    conn = socket.socket(socket.AF_UNIX)
+    conn.connect(sock)
+    conn.sendall(b"DELETE /v1/workloads/web HTTP/1.1\r\nHost: x\r\n\r\n")
+    conn.shutdown(socket.SHUT_WR)
+    conn.settimeout(5)
+    assert conn.recv(4096).startswith(b"HTTP/1.1 200 ")
+    conn.close()
+    assert client.request("GET", "/v1/workloads") == {"workloads": []}
+    assert agent.poll() is None
