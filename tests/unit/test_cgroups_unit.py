@@ -501,3 +501,29 @@ def test_a_write_that_failed_is_read_again_on_the_next_pass():
     report = rec.apply(capped, verify=False)  # after a failed pass nothing is trusted: the file is read
     assert report.ok and ("tidal/reclaimed", "cpu.max") in driver.reads
     assert driver.files["tidal/reclaimed"][("", "cpu.max")] == "100000 100000"
+
+
+def test_v2_controllers_given_back_once_per_parent_in_a_pass(tmp_path):
+    """The drift pass looks at each parent's ``cgroup.subtree_control`` once, not once for every cgroup
+    under it (200 workloads under three trees: a handful of parents, not 600 reads of each file): on a
+    plain-file tree, where a write keeps only the last "+controller" (and reads back as none enabled),
+    each parent is given its controllers back once in the pass, and each ``parent:controller`` is reported
+    once."""
+    root = tmp_path
+    (root / "proc/self").mkdir(parents=True)
+    (root / "proc/self/mounts").write_text("cgroup2 /sys/fs/cgroup cgroup2 rw 0 0\n")
+    cg = root / "sys/fs/cgroup"
+    cg.mkdir(parents=True)
+    (cg / "cgroup.controllers").write_text("cpuset cpu io memory pids\n")
+    (cg / "cgroup.subtree_control").write_text("\n")
+    fs = HostFS(str(root))
+    driver = KernelCgroups(detect(fs), fs)
+    driver.features["cpu.idle"] = True
+    rec = Reconciler(driver, "tidal")
+    specs = desired_tree(TOPO, STATE, pools(TOPO, STATE), CgroupOptions(), driver.features)
+    assert rec.apply(specs).ok
+    report = rec.apply(specs, verify=True)
+    assert report.reenabled, "a plain file forgets all but the last controller: each parent is repaired"
+    # the fake's one parent with the file is the root: each controller given back to it once, not once
+    # for every cgroup of the tree
+    assert sorted(report.reenabled) == [f"{cg}:{c}" for c in ("cpu", "cpuset", "io", "memory")], report.reenabled

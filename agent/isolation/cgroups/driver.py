@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import errno
 import os
-from typing import Dict, List, Optional, Protocol, Tuple
+from typing import Dict, List, Optional, Protocol, Set, Tuple
 
 from agent.isolation.cgroups.detect import CgroupError, CgroupMounts
 from agent.topology.hostfs import HostFS
@@ -270,13 +270,15 @@ class KernelCgroups:
             except OSError as exc:
                 raise CgroupError(f"{directory}: cannot create cgroup: {exc.strerror}") from None
 
-    def repair_controllers(self, path: str) -> List[str]:
+    def repair_controllers(self, path: str, checked: Optional[Set[str]] = None) -> List[str]:
         """v2: controllers someone took away from a cgroup of Tidal's (``-cpuset`` in its parent's
         ``cgroup.subtree_control`` removes its cpuset files, and with them its confinement) are given back;
-        the ``parent:controller`` pairs re-enabled. v1 has nothing of the kind."""
+        the ``parent:controller`` pairs re-enabled. v1 has nothing of the kind. ``checked``: the parents
+        one pass has looked at already (its cgroups share them: 200 workloads under three trees have a
+        handful of parents, not 600), skipped, and the ones looked at here added."""
         if self.version != 2 or not os.path.isdir(self._dir("", path)):
             return []
-        return self._enable_controllers(path)
+        return self._enable_controllers(path, checked)
 
     def pressure(self, path: str, resource: str) -> Optional[Dict[str, Dict[str, float]]]:
         """PSI of a cgroup (``cpu``, ``memory``, ``io``): ``{"some": {"avg10": .., "avg60": .., "avg300": ..,
@@ -291,22 +293,25 @@ class KernelCgroups:
             return None
         return parse_pressure(text)
 
-    def _enable_controllers(self, path: str) -> List[str]:
+    def _enable_controllers(self, path: str, checked: Optional[Set[str]] = None) -> List[str]:
         """v2: a child gets cpu/cpuset/memory/io files only if its parent delegates them (io where the
-        kernel offers it: the io throttle's ``io.max``, and ``io.stat``)."""
+        kernel offers it: the io throttle's ``io.max``, and ``io.stat``). Parents in ``checked`` are
+        skipped; those looked at are added to it."""
         enabled_now = []
         parts = [p for p in path.split("/") if p]
         for depth in range(len(parts)):
             parent = self._dir("", "/".join(parts[:depth]))
+            if checked is not None:
+                if parent in checked:
+                    continue
+                checked.add(parent)
             control = os.path.join(parent, "cgroup.subtree_control")
             try:
-                with open(control) as handle:
-                    enabled = set(handle.read().split())
+                enabled = set(_slurp(control).split())
             except OSError:
                 continue
             try:
-                with open(os.path.join(parent, "cgroup.controllers")) as handle:
-                    available = set(handle.read().split())
+                available = set(_slurp(os.path.join(parent, "cgroup.controllers")).split())
             except OSError:
                 available = {"cpu", "cpuset", "memory"}
             for controller in ("cpuset", "cpu", "memory", "io"):

@@ -270,10 +270,11 @@ class Reconciler:
         # v2: a controller taken away from one of Tidal's cgroups (its files vanish with it) is given back
         controllers = getattr(self.driver, "repair_controllers", None) if not self._trust_last else None
         if controllers is not None:
+            checked: set = set()  # the parents looked at in this pass: its cgroups share a handful
             for spec in specs:
                 if not spec.external and spec.path != self.base:
                     try:
-                        report.reenabled += controllers(spec.path)
+                        report.reenabled += controllers(spec.path, checked)
                     except CgroupError as exc:
                         report.failed.append((spec.path, "cgroup.subtree_control", str(exc)))
         # 3. widen cpusets top-down, 4. narrow bottom-up
