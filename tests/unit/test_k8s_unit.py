@@ -291,6 +291,20 @@ def test_extender_prioritize_packs_and_reserves_bound_pods_until_reported():
     assert cache.reserved["n-big"] == []
 
 
+def test_a_binding_the_node_reported_before_it_was_reserved_is_not_counted_twice():
+    """The node admits and reports a pod while its binding is still being answered: the reservation that
+    follows must not take a second zone (the report has the pod; nothing would drop the reservation until
+    the node's next changed report)."""
+    args = recorded("filter-numa-bound.json")
+    bind = recorded("bind.json")
+    cache = TopologyCache(stale_after=60)
+    cache.put(node_report("n-big", [16, 16]))
+    cache.put(node_report("n-big", [4, 16], pods=bind["PodUID"]))  # reported first
+    cache.reserve(bind["Node"], pod_spec(args["Pod"]), bind["PodUID"])
+    assert cache.reserved.get("n-big", []) == []
+    assert cache.filter(args["Pod"], ["n-big"])["NodeNames"] == ["n-big"]  # the other zone still fits one
+
+
 def test_prioritize_json_says_what_prioritize_says():
     args = recorded("filter-numa-bound.json")
     cache = TopologyCache(stale_after=60)
