@@ -195,8 +195,9 @@ def test_v1_quota_is_lowered_children_first_and_raised_parents_first():
     assert raised[0] == ("t", "900000") and raised[-1] == ("t/c", "900000")
 
 
-def test_v2_on_a_fake_unified_tree_writes_exact_files(tmp_path):
-    root = tmp_path
+def _fake_v2_tree(root):
+    """A unified hierarchy of plain files under ``root`` (a write keeps only its own text) and a driver on
+    it: (the cgroup2 mount's directory, the driver)."""
     (root / "proc/self").mkdir(parents=True)
     (root / "proc/self/mounts").write_text("cgroup2 /sys/fs/cgroup cgroup2 rw 0 0\n")
     cg = root / "sys/fs/cgroup"
@@ -208,6 +209,11 @@ def test_v2_on_a_fake_unified_tree_writes_exact_files(tmp_path):
     assert mounts.version == 2
     driver = KernelCgroups(mounts, fs)
     driver.features["cpu.idle"] = True
+    return cg, driver
+
+
+def test_v2_on_a_fake_unified_tree_writes_exact_files(tmp_path):
+    cg, driver = _fake_v2_tree(tmp_path)
     rec = Reconciler(driver, "tidal")
     report = rec.apply(desired_tree(TOPO, STATE, pools(TOPO, STATE), CgroupOptions(reclaimed_memory_high=1 << 30),
                                     driver.features))
@@ -509,16 +515,7 @@ def test_v2_controllers_given_back_once_per_parent_in_a_pass(tmp_path):
     plain-file tree, where a write keeps only the last "+controller" (and reads back as none enabled),
     each parent is given its controllers back once in the pass, and each ``parent:controller`` is reported
     once."""
-    root = tmp_path
-    (root / "proc/self").mkdir(parents=True)
-    (root / "proc/self/mounts").write_text("cgroup2 /sys/fs/cgroup cgroup2 rw 0 0\n")
-    cg = root / "sys/fs/cgroup"
-    cg.mkdir(parents=True)
-    (cg / "cgroup.controllers").write_text("cpuset cpu io memory pids\n")
-    (cg / "cgroup.subtree_control").write_text("\n")
-    fs = HostFS(str(root))
-    driver = KernelCgroups(detect(fs), fs)
-    driver.features["cpu.idle"] = True
+    cg, driver = _fake_v2_tree(tmp_path)
     rec = Reconciler(driver, "tidal")
     specs = desired_tree(TOPO, STATE, pools(TOPO, STATE), CgroupOptions(), driver.features)
     assert rec.apply(specs).ok
