@@ -56,8 +56,16 @@ OUT="$(mktemp -d /tmp/tidal-cgroup2-vm.XXXXXX)"
 trap 'rm -rf "$OUT"' EXIT
 boot() {  # boot <accel flag> <timeout s> <script>: run a script in the VM; its own exit code in $OUT/rc
     rm -f "$OUT/rc"
-    timeout "$2" "$VNG" --run "$KERNEL" $1 --cpus 2 --memory 1G --rwdir "$OUT" \
-        --exec "sh $OUT/$3 > $OUT/log 2>&1; echo \$? > $OUT/rc" > "$OUT/console" 2>&1 || true
+    # the exit code twice: in a file of the shared directory, synced before the VM powers off, and on the
+    # console, where it also arrives should the file's last write be lost with the VM; the kernel's own
+    # messages (an OOM kill, a panic) on the console too (--verbose)
+    timeout "$2" "$VNG" --run "$KERNEL" $1 --verbose --cpus 2 --memory 1G --rwdir "$OUT" \
+        --exec "sh $OUT/$3 > $OUT/log 2>&1; rc=\$?; echo \$rc > $OUT/rc; sync; echo tidal-vm-rc=\$rc" \
+        > "$OUT/console" 2>&1 || true
+    if ! [ -s "$OUT/rc" ] && grep -q "^tidal-vm-rc=[0-9]*" "$OUT/console"; then
+        say "the exit code came by the console (the file's write was lost)"
+        grep -o "^tidal-vm-rc=[0-9]*" "$OUT/console" | tail -1 | cut -d= -f2 > "$OUT/rc"
+    fi
     [ -s "$OUT/rc" ]
 }
 
@@ -103,7 +111,10 @@ EOF
 say "booting $version ($ACCEL) with 2 vCPUs and 1 GiB; running ${TIDAL_VM_COMMAND:-$TESTS}"
 start=$(date +%s)
 if ! boot "$accel_flag" 3000 tier.sh; then
-    say "the VM did not finish; its console:"
+    # what the tier printed before the VM went away says where it was; the console, why it went
+    say "the VM did not finish (after $(( $(date +%s) - start )) s); the tier's output:"
+    tail -60 "$OUT/log" >&2 2>/dev/null || say "(no output from the tier)"
+    say "its console:"
     tail -40 "$OUT/console" >&2
     exit 1
 fi
