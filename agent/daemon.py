@@ -341,8 +341,8 @@ class Agent:
                                        protection=lambda: self.harvest.protection.current(),
                                        confined=lambda: self.harvest.confined(),
                                        io_limits=lambda: self.harvest.io_guard.knob())
-        protection = MemoryProtection(owner, self.enforcement)
         self.usage = Usage(owner, self.enforcement, cfg)
+        protection = MemoryProtection(self.enforcement, self.usage.online_cgroups)
         self.harvest = Harvest(owner, self.enforcement, self.lending, cfg, self.counters,
                                os.path.join(cfg.state_dir, "history.json"), self.usage, protection)
         if self.pusher is not None:

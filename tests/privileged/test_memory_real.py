@@ -88,6 +88,7 @@ def test_online_memory_is_protected_and_offline_throttled_before_its_max(tmp_pat
             used = agent.driver.memory_usage_bytes(f"{base}/shared")
             low = int(memory_file(agent, f"{base}/shared", "memory.low"))
             assert used >= 96 * MIB and low >= used  # what online uses, rounded up, is protected
+            assert memory_file(agent, f"{base}/shared/web", "memory.low") == "max"  # its share, where it is charged
             children = sum(int(memory_file(agent, f"{base}/{t}", "memory.low") or 0)
                            for t in ("shared", "system", "dedicated"))
             assert int(memory_file(agent, base, "memory.low")) == children  # the parent bounds its children
@@ -275,7 +276,8 @@ def test_online_page_cache_survives_pressure_where_its_pages_are_charged(tmp_pat
     service has mapped a 96 MiB file and sits idle, and an unprotected sibling that keeps touching a
     288 MiB file of its own: 384 MiB of hot and cold pages in 320. Without protection the kernel takes the
     cold ones, online's (its LRU is right to: they are older); with it, the sibling pays. Then the same
-    with the service's own memory.low taken away (its trees keep theirs, as Tidal wrote before)."""
+    with the service's own memory.low (``max``: its share of its tree's) taken away, its trees keeping
+    theirs."""
     if detect_version() != 2:
         pytest.skip("memory.low is cgroup v2 only (v1 has no protection): runs in `make test-cgroup2`")
     root = "/sys/fs/cgroup"
@@ -318,7 +320,9 @@ def test_online_page_cache_survives_pressure_where_its_pages_are_charged(tmp_pat
             for _ in range(3):  # usage measured, protection written
                 time.sleep(agent.config.period)
                 agent.tick()
-            low = int(memory_file(agent, leaf, "memory.low"))
+            # the shared tree is measured; the leaf takes its share of the tree's ("max")
+            assert memory_file(agent, leaf, "memory.low") == "max"
+            low = int(memory_file(agent, f"{base}/shared", "memory.low"))
             assert low >= agent.driver.memory_usage_bytes(leaf) >= 96 * MIB
             assert int(memory_file(agent, base, "memory.low")) >= low
             if case == "leaf unprotected":  # the agent does not tick from here on: nothing puts it back
@@ -337,7 +341,7 @@ def test_online_page_cache_survives_pressure_where_its_pages_are_charged(tmp_pat
             online.wait(timeout=30)
         pages = 96 * MIB // 4096
         print(f"online's idle 96 MiB mapped file ({pages} pages) beside a sibling touching 288 MiB in a 320 MiB "
-              f"box: {faults['as written']} major faults with Tidal's memory.low on its cgroup (it kept "
+              f"box: {faults['as written']} major faults with Tidal's memory.low (its share) on its cgroup (it kept "
               f"{kept['as written']:.0%} of its memory), {faults['leaf unprotected']} with it on its trees only "
               f"({kept['leaf unprotected']:.0%}; memory_recursiveprot: {recursive})")
         assert faults["as written"] <= pages // 50 and kept["as written"] >= 0.95

@@ -208,22 +208,24 @@ def test_desired_tree_protects_online_memory_and_throttles_offline_before_its_ma
         state = state.with_allocation(allocate(topo, state, parse_request(doc)))
     api = ("kubepods/burstable/podapi", "kubepods/burstable/podapi/c1", "kubepods/burstable/podapi/c2")
     batch = ("kubepods/besteffort/podbatch", "kubepods/besteffort/podbatch/c1")
-    # measured: what the cgroups holding online processes use (Harvest.protect), here Tidal's system
-    # tree, the local shared workload's leaf and the online pod's two containers
+    # measured: what Tidal's online trees and each online pod use (services.protection), here the system
+    # and shared trees and the online pod's own cgroup
     options = CgroupOptions(reclaimed_memory_max=10 * GIB, online_memory_low=(
-        ("tidal/system", GIB), ("tidal/shared/web", 3 * GIB), (api[1], 2 * GIB), (api[2], GIB)))
+        ("tidal/system", GIB), ("tidal/shared", 3 * GIB), (api[0], 3 * GIB)))
     specs = desired_tree(topo, state, pools(topo, state), options, {"cpu.idle": True, "memory": True},
                          placements={"default.api": api, "default.batch": batch})
     parent = knobs_of(specs, "tidal/reclaimed")
     assert parent["memory_max"] == 10 * GIB and parent["memory_high"] == 9 * GIB and parent["memory_soft_limit"] == 0
-    # where the pages are charged, and every cgroup above it the sum below (a cgroup's protection is
-    # bounded by its parent's, and one with no memory.low has none)
-    assert knobs_of(specs, "tidal/shared/web")["memory_low"] == knobs_of(specs, "tidal/shared")["memory_low"] == 3 * GIB
+    # every cgroup above a measured one the sum below (a cgroup's protection is bounded by its parent's);
+    # below it, where the pages are charged, each online cgroup its share ("max": one with no memory.low
+    # has none, unless cgroup2 is mounted with memory_recursiveprot)
+    assert knobs_of(specs, "tidal/shared")["memory_low"] == 3 * GIB
+    assert knobs_of(specs, "tidal/shared/web")["memory_low"] == "max"
     assert knobs_of(specs, "tidal/system")["memory_low"] == GIB
     assert knobs_of(specs, "tidal")["memory_low"] == 4 * GIB
     assert "memory_low" not in knobs_of(specs, "tidal/dedicated")  # nothing measured there yet
     assert "memory_low" not in knobs_of(specs, "tidal/reclaimed")
-    assert [knobs_of(specs, p)["memory_low"] for p in api] == [3 * GIB, 2 * GIB, GIB]
+    assert [knobs_of(specs, p)["memory_low"] for p in api] == [3 * GIB, "max", "max"]
     above = {s.path: s for s in specs if s.path in ("kubepods", "kubepods/burstable")}
     assert {p: s.knobs for p, s in above.items()} == {"kubepods": {"memory_low": 3 * GIB},
                                                       "kubepods/burstable": {"memory_low": 3 * GIB}}
@@ -251,6 +253,8 @@ def test_knob_table_has_v1s_soft_limit_and_v2s_low():
     assert files_for(2, "memory_soft_limit", 0) == []
     assert files_for(1, "memory_low", GIB) == []
     assert files_for(2, "memory_low", GIB) == [("", "memory.low", str(GIB))]
+    assert files_for(2, "memory_low", "max") == [("", "memory.low", "max")]
+    assert files_for(2, "memory_low", None) == [("", "memory.low", "0")]
     assert normalize("memory.soft_limit_in_bytes", "9223372036854771712") == "-1"
 
 

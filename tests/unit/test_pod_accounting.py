@@ -40,6 +40,8 @@ def pod_agent(make_agent, version):
         agent.admit({"name": name, **doc}, source=KUBERNETES)
         for path in paths:  # the kubelet made them
             driver.create(path)
+            if version == 2:
+                driver.files[path][("", "memory.low")] = "0"  # as the kernel has it
         agent.admission.place(name, paths)
     return agent, driver
 
@@ -73,20 +75,29 @@ def test_reclaimed_and_dedicated_pods_use_is_not_online_demand(tmp_path, make_ag
 def test_online_pods_memory_is_protected_down_to_their_containers_and_up_to_kubepods(tmp_path, make_agent):
     agent, driver = pod_agent(make_agent, version=2)
     try:
-        driver.memory.update({API[1]: 100 * MIB, API[2]: 10 * MIB, DB[1]: 300 * MIB, BATCH[1]: GIB,
-                              "tidal/system": 5 * MIB})
+        # a pod's cgroup holds what its containers use (the kernel's figures are hierarchical)
+        driver.memory.update({API[0]: 110 * MIB, API[1]: 100 * MIB, API[2]: 10 * MIB, DB[0]: 300 * MIB,
+                              DB[1]: 300 * MIB, BATCH[0]: GIB, BATCH[1]: GIB, "tidal/system": 5 * MIB})
         for path in ("kubepods", "kubepods/burstable"):
             driver.create(path)
-        for path in ("kubepods", "kubepods/burstable", *API):
-            driver.files[path][("", "memory.low")] = "0"  # as the kernel has it
+        for path in ("kubepods", "kubepods/burstable"):
+            driver.files[path][("", "memory.low")] = "0"
+        read, measure = [], driver.memory_usage_bytes
+        driver.memory_usage_bytes = lambda path: read.append(path) or measure(path)
         agent.tick(now=100.0, epoch=1e9)
-        low = {path: int(driver.read("", path, "memory.low")) for path in
+        low = {path: driver.read("", path, "memory.low") for path in
                (*API, *DB, "kubepods/burstable", "kubepods", "tidal/system", "tidal")}
-        assert low == {API[0]: 192 * MIB, API[1]: 128 * MIB, API[2]: 64 * MIB, DB[0]: 320 * MIB, DB[1]: 320 * MIB,
-                       "kubepods/burstable": 192 * MIB, "kubepods": 512 * MIB, "tidal/system": 64 * MIB,
-                       "tidal": 64 * MIB}
-        assert agent.memory_status()["protected_bytes"] == (128 + 64 + 320 + 64) * MIB  # the cgroups holding online work
-        assert driver.read("", BATCH[1], "memory.low") is None  # offline: never protected
+        # measured: each online pod's own cgroup and Tidal's system tree, rounded up to 64 MiB; above them
+        # the sum; the containers, where the pages are charged, their share of their pod's ("max")
+        assert low == {API[0]: str(128 * MIB), API[1]: "max", API[2]: "max", DB[0]: str(320 * MIB), DB[1]: "max",
+                       "kubepods/burstable": str(128 * MIB), "kubepods": str(448 * MIB),
+                       "tidal/system": str(64 * MIB), "tidal": str(64 * MIB)}
+        assert agent.memory_status()["protected_bytes"] == (128 + 320 + 64) * MIB  # the measured cgroups
+        # a period reads one figure per online pod, none of an online pod's containers
+        assert API[0] in read and DB[0] in read and not {API[1], API[2], DB[1]} & set(read)
+        # offline: never protected
+        assert not [op for op in driver.ops if op[0] == "write" and op[3] == "memory.low" and op[1] in BATCH]
+        assert driver.read("", BATCH[1], "memory.low") == "0"
         assert driver.read("", BATCH[0], "memory.high") == driver.read("", "tidal/reclaimed", "memory.high")
         # revert puts the kubelet's cgroups back as found
         agent.shutdown()

@@ -56,8 +56,8 @@ class CgroupOptions:
     reclaimed_cap_millicpu: Optional[int] = None  # None: the reclaimed cpus' count
     reclaimed_memory_max: Optional[int] = None
     reclaimed_memory_high: Optional[int] = None  # None: RECLAIMED_HIGH_SHARE of the max
-    # ((cgroup, bytes), ...): memory.low of the cgroups that hold online processes (v2); every cgroup above
-    # them gets the sum below it (protection_sums)
+    # ((cgroup, bytes), ...): memory.low of the measured online cgroups (v2: services.protection); every
+    # cgroup above them gets the sum below it (protection_sums), every online cgroup below them SHARE_OF_PARENT
     online_memory_low: tuple = ()
     # reclaimed workloads kept off the shared and reserved pools' idle time (services.kernel_work): they
     # run in the kernel, where idle priority does not preempt them
@@ -97,6 +97,12 @@ class CgroupSpec:
     knobs: Dict[str, object] = field(default_factory=dict)
     workload: Optional[str] = None  # the allocation this cgroup belongs to
     external: bool = False  # made and removed by someone else (the kubelet): written only while it exists
+
+
+# memory.low of an online cgroup below a measured one (a workload's leaf, a pod's container): "max" claims
+# all it uses, and the kernel shares the parent's protection among the children that claim more than it
+# affords in proportion to their use; the parent's figure covers what they use together
+SHARE_OF_PARENT = "max"
 
 
 def protection_sums(leaves) -> Dict[str, int]:
@@ -177,6 +183,12 @@ def desired_tree(topo: Topology, state: State, pools: Pools, options: CgroupOpti
     def protected(path: str) -> Dict[str, object]:
         return {"memory_low": low[path]} if path in low else {}
 
+    def shielded(alloc, path: str) -> Dict[str, object]:
+        """An online workload's cgroup: its measured figure, else its share of its parent's."""
+        if path in low or not features.get("memory") or alloc.qos is QoS.RECLAIMED:
+            return protected(path)
+        return {"memory_low": SHARE_OF_PARENT}
+
     partition = partitions(options, features)
     # a remote partition's cpus are exclusive all the way down from Tidal's top cgroup: those of the
     # dedicated workloads in Tidal's own tree (a pod's live in the kubelet's cgroups: no partition there)
@@ -223,8 +235,10 @@ def desired_tree(topo: Topology, state: State, pools: Pools, options: CgroupOpti
                                                          if "memory_high" in reclaimed_parent else {})}
             if alloc.qos is QoS.RECLAIMED and "io_max" in reclaimed_parent:
                 pod_own["io_max"] = reclaimed_parent["io_max"]  # the same block io limits as the tree
-            external += [CgroupSpec(path, {**knobs, **(pod_own if i == 0 else {}), **protected(path)}, alloc.name,
-                                    external=True) for i, path in enumerate(paths or ())]
+            # a pod's own cgroup is measured (services.protection); its containers below take their share
+            external += [CgroupSpec(path, {**knobs, **(pod_own if i == 0 else {}),
+                                           **(protected(path) if i == 0 else shielded(alloc, path))},
+                                    alloc.name, external=True) for i, path in enumerate(paths or ())]
             continue
         if given.cpu_shares is not None:
             knobs["cpu_shares"] = given.cpu_shares
@@ -239,7 +253,7 @@ def desired_tree(topo: Topology, state: State, pools: Pools, options: CgroupOpti
             knobs["cpus_exclusive"] = knobs["cpus"]
             knobs["partition"] = partition
         path = workload_path(base, alloc)
-        specs.append(CgroupSpec(path, {**knobs, **protected(path)}, alloc.name))
+        specs.append(CgroupSpec(path, {**knobs, **shielded(alloc, path)}, alloc.name))
     # the cgroups above protected pods (the kubelet's kubepods and QoS-class cgroups): their memory.low is
     # the sum below, else the pods' would be bounded by nothing above them; written, like the pods', only
     # while they exist, and put back as found on revert

@@ -20,8 +20,9 @@
 Values are logical: ``cpus``/``mems`` cpu-list strings, ``cpu_shares`` in
 v1 shares (1024 per cpu; the kubelet's unit), ``cpu_max`` a pair
 ``(quota_us or None, period_us)``, ``cpu_burst`` microseconds of unused
-quota a period may borrow (never above the quota: the kernel refuses), memory in bytes or ``None`` for no limit,
-``io_max`` the bandwidth limits ``((device, read_bps or None, write_bps or
+quota a period may borrow (never above the quota: the kernel refuses), memory in
+bytes or ``None`` for no limit (``memory_low``/``memory_min``: ``None`` none,
+``"max"`` all the cgroup uses), ``io_max`` the bandwidth limits ``((device, read_bps or None, write_bps or
 None), ...)`` of every device (``()``: none anywhere).
 
 ``io.max`` is a file of lines, one per device, and the kernel takes one line
@@ -100,8 +101,11 @@ def files_for(version: int, knob: str, value: Any) -> List[FileWrite]:
     if knob == "io_max":
         return [] if version == 1 else [("", "io.max", _io_lines({d: (r, w) for d, r, w in value}))]
     if knob in ("memory_high", "memory_low", "memory_min"):
-        return [] if version == 1 else [("", knob.replace("_", "."), _v2_mem(value) if knob == "memory_high"
-                                         else str(int(value or 0)))]
+        if version == 1:
+            return []
+        # memory.high: None is no limit; memory.low/min: None is none, "max" all the cgroup uses
+        text = _v2_mem(value) if knob == "memory_high" else "max" if value == "max" else str(int(value or 0))
+        return [("", knob.replace("_", "."), text)]
     raise KeyError(f"unknown cgroup knob {knob!r}")
 
 
