@@ -22,7 +22,7 @@ from agent.reporter.headroom import ReclaimSizer
 from agent.reporter.pressure import PressureMeter
 from agent.isolation.cgroups.desired import RECLAIMED_HIGH_SHARE
 from agent.isolation.cgroups.driver import cpu_times_ns
-from agent.qrm.model import QoS
+from agent.qrm.model import LOCAL, QoS
 from agent.services.enforcement import Enforcement
 from agent.services.cpu_pressure import CpuPressureLoop
 from agent.services.io_guard import IoGuard
@@ -204,13 +204,21 @@ class Harvest:
         state = self.owner.state
         if state is None or not self.enforcement.harvest:
             return  # no idle harvesting: reclaimed work is off online's cpus already
-        times = {}
+        work = self.kernel_work
+        # the reclaimed tree read first: where it spent next to nothing in the kernel, none of the
+        # workloads in it did, and theirs are not read (a pod's cgroup is outside it: always read)
+        quiet = work.quiet(now, cpu_times_ns(self.driver, f"{self.enforcement.base}/reclaimed"))
+        times, unread = {}, set()
         for alloc in state.allocations:
             if alloc.qos is QoS.RECLAIMED:
+                if quiet and alloc.source == LOCAL and work.read_before(alloc.name):
+                    times[alloc.name] = None
+                    unread.add(alloc.name)
+                    continue
                 paths = self.enforcement.cgroups_of(alloc)
                 times[alloc.name] = cpu_times_ns(self.driver, paths[0]) if paths else None
-        before = self.kernel_work.names()
-        if self.kernel_work.observe(now, times):
+        before = work.names()
+        if work.observe(now, times, unread):
             now_confined = self.kernel_work.names()
             for name in sorted(now_confined - before):
                 log.info("reclaimed workload %s runs in the kernel (%d millicpu): kept off online's idle cpus",

@@ -45,9 +45,25 @@ class KernelWork:
         self.confinements = 0
         self.seen: Dict[str, int] = {}  # workload -> periods it was known (probation ends at PROBATION_PERIODS)
         self._last: Dict[str, Tuple[float, Times]] = {}
+        self._tree: Optional[Tuple[float, Times]] = None  # the reclaimed tree's last reading (quiet())
 
-    def observe(self, now: float, times: Mapping[str, Optional[Times]]) -> bool:
-        """A period's cpu times of the reclaimed workloads; True when the confined set changed."""
+    def quiet(self, now: float, tree: Optional[Times]) -> bool:
+        """Whether the reclaimed tree as a whole (``tree``: its cumulative times now) spent under
+        ``MIN_KERNEL_MILLICPU`` in the kernel since the last period: then none of its workloads is heavy
+        this period, and their own figures need not be read (``observe``'s ``unread``)."""
+        last, self._tree = self._tree, (None if tree is None else (now, tree))
+        if tree is None or last is None or now <= last[0]:
+            return False
+        return max(0, tree[1] - last[1][1]) / 1e6 / (now - last[0]) < MIN_KERNEL_MILLICPU
+
+    def read_before(self, name: str) -> bool:
+        """Whether a reading of ``name`` is kept (one left unread is judged against it later)."""
+        return name in self._last
+
+    def observe(self, now: float, times: Mapping[str, Optional[Times]], unread=frozenset()) -> bool:
+        """A period's cpu times of the reclaimed workloads; True when the confined set changed.
+        ``unread``: those of them not read this period, their tree being ``quiet``: under the mark, and
+        their last reading kept, so the next one spans the whole time since (a rate, not a sum)."""
         changed = False
         last, self._last = self._last, {}
         self.kernel_millicpu = {}
@@ -55,17 +71,21 @@ class KernelWork:
             self.seen[name] = self.seen.get(name, 0) + 1
             if self.seen[name] == PROBATION_PERIODS:
                 changed = True  # off probation: confined below, or free to harvest
-            if value is None:
-                continue
-            self._last[name] = (now, value)
-            before = last.get(name)
-            if before is None or now <= before[0]:
-                continue
-            span = now - before[0]
-            user = max(0, value[0] - before[1][0]) / 1e6 / span
-            kernel = max(0, value[1] - before[1][1]) / 1e6 / span
-            self.kernel_millicpu[name] = round(kernel)
-            heavy = kernel >= MIN_KERNEL_MILLICPU and kernel >= KERNEL_SHARE * (user + kernel)
+            if name in unread and name in last:
+                self._last[name] = last[name]
+                heavy = False
+            else:
+                if value is None:
+                    continue
+                self._last[name] = (now, value)
+                before = last.get(name)
+                if before is None or now <= before[0]:
+                    continue
+                span = now - before[0]
+                user = max(0, value[0] - before[1][0]) / 1e6 / span
+                kernel = max(0, value[1] - before[1][1]) / 1e6 / span
+                self.kernel_millicpu[name] = round(kernel)
+                heavy = kernel >= MIN_KERNEL_MILLICPU and kernel >= KERNEL_SHARE * (user + kernel)
             if heavy:
                 if name not in self.confined:
                     self.confinements += 1

@@ -77,11 +77,13 @@ class Usage:
                 *(pid for path in self.offline_pods() if self.driver.present(path)
                   for pid in procs_in_tree(self.driver, path))])
         self._online_key: Optional[tuple] = None  # (state, placements, paths) of online_cgroups()
+        self._view: Optional[tuple] = None  # this period's memory_view()
         self._pods_key: Optional[tuple] = None  # (state, placements, pods) of offline_pods()
 
     def online_cgroups(self) -> List[str]:
-        """Where online work lives: Tidal's online trees and the cgroups of online pods (worked out again
-        only when the state or the placements changed: the fast guard asks every interval)."""
+        """Where online work lives: Tidal's online trees, then the own cgroup of each online pod (worked
+        out again only when the state or the placements changed: the fast guard asks every interval).
+        The pressure meters read them, and the memory protection measures them."""
         state, placements = self.owner.state, self.owner.placements
         key = self._online_key
         if key is not None and key[0] is state and key[1] == placements:
@@ -126,6 +128,7 @@ class Usage:
     def sample(self, now: float, workload_paths):
         """One usage sample, the cpu figures brought up to date from it (the memory figures: ``memory``);
         ``None`` when there is none yet (the first period)."""
+        self._view = None  # a new period: the node's memory is read again
         offline_before = self._offline_counters()
         sample = self.sampler.sample(now, [*self.aggregates, *workload_paths])
         if sample is None:
@@ -196,7 +199,11 @@ class Usage:
         """(total, available) bytes of the memory Tidal manages: the machine's (``MemTotal``,
         ``MemAvailable``), or where a limit on Tidal's parent cgroup is tighter (a slice with
         ``MemoryMax=``, a container), that limit and what is left under it (``driver.memory_ceiling``).
-        ``None`` when neither can be read."""
+        ``None`` when neither can be read. Read once a period (``sample`` starts a new one) for all its
+        callers there (the usage figures, the eviction check, the capacity), not once by each; a caller
+        between periods (the status) has the last period's."""
+        if self._view is not None:
+            return self._view
         try:
             import psutil
 
@@ -207,7 +214,8 @@ class Usage:
         ceiling = self.driver.memory_ceiling()
         if ceiling is not None:
             total, available = min(total, ceiling[0]), min(available, ceiling[1])
-        return total, available
+        self._view = (total, available)
+        return self._view
 
     def online_per_node(self, sample, now: float) -> Optional[Dict[int, int]]:
         """Online millicpu on each NUMA node's cpus: per-cpu busy less what the reclaimed and

@@ -52,6 +52,35 @@ def test_a_new_workload_is_on_probation_for_its_first_periods():
     assert unread.confined_of(["pod"]) == frozenset()
 
 
+def test_a_quiet_tree_is_not_read_workload_by_workload_and_its_quiet_time_never_adds_up():
+    """Where the reclaimed tree spent under the floor in the kernel, none of its workloads is heavy: they
+    are not read (200 workloads: a read each a period), they count as under the mark, and the next
+    reading spans the whole time since the last one, so a little kernel time each quiet period is a
+    rate, not a sum that looks heavy."""
+    work = KernelWork()
+    assert not work.quiet(0.0, (0, 0))  # the first reading: nothing to compare
+    work.observe(0.0, {"scan": (0, 0), "idle": (0, 0)})
+    assert work.observe(1.0, {"scan": (0, 50 * MS), "idle": (0, 0)}) and work.names() == {"scan"}
+    assert not work.quiet(1.0, (0, 50 * MS))  # 50 millicpu in the kernel: each read
+    just_under = MIN_KERNEL_MILLICPU - 1
+    tree = 50 * MS
+    for second in range(2, 62):  # a minute of the tree just under the floor
+        tree += just_under * MS
+        assert work.quiet(float(second), (0, tree))
+        assert work.read_before("scan") and work.read_before("idle") and not work.read_before("new")
+        work.observe(float(second), {"scan": None, "idle": None}, unread={"scan", "idle"})
+        assert "scan" not in work.kernel_millicpu
+    assert work.names() == frozenset()  # under the mark for RELEASE_PERIODS periods: released
+    # read again: the minute's kernel time over the minute, not over the last second
+    assert not work.quiet(62.0, (0, tree + 100 * MS))
+    work.observe(62.0, {"scan": (0, 50 * MS + 61 * just_under * MS), "idle": (0, 0)})
+    assert work.kernel_millicpu["scan"] < MIN_KERNEL_MILLICPU and work.names() == frozenset()
+    # a workload with no reading kept is read whatever the tree did (unread names it in vain)
+    fresh = KernelWork()
+    fresh.observe(0.0, {"new": (0, 0)}, unread={"new"})
+    assert fresh.read_before("new")
+
+
 def test_an_ended_workload_is_dropped():
     work = KernelWork()
     work.observe(0.0, {"scan": (0, 0)})
@@ -81,3 +110,40 @@ def test_a_confined_workload_leaves_the_shared_cpus_and_never_takes_the_reserved
     assert specs["tidal/reclaimed/low/scan"]["cpus"] == "14-15"  # the lent cpus only
     assert specs["tidal/reclaimed/low/scan"]["cpu_max"][0] is None  # and its own quota lifted
     assert specs["tidal/reclaimed/low/spin"]["cpus"] == "2-15"
+
+
+def test_the_agent_reads_each_reclaimed_workload_only_while_the_tree_works_in_the_kernel(make_agent):
+    from agent.isolation.cgroups.recording import RecordingCgroups
+    from tests.unit.test_pod_accounting import NodeSampler
+    from tests.unit.test_capacity_api import TOPO
+
+    driver = RecordingCgroups(version=2, features={"cpu.idle": True, "memory": True})
+    agent = make_agent(TOPO, driver=driver, empty_grace=3600, memory_reserved_bytes=0)
+    agent.usage.sampler = NodeSampler()
+    names = [f"r{i}" for i in range(3)]
+    for name in names:
+        agent.admit({"name": name, "qos": "reclaimed_cores", "millicpu": 100, "tier": "low"})
+    leaves = [f"tidal/reclaimed/low/{name}" for name in names]
+
+    def stat(path, system_us):
+        driver.files[path][("", "cpu.stat")] = f"usage_usec {system_us}\nuser_usec 0\nsystem_usec {system_us}\n"
+
+    reads = []
+    read = driver.read
+    driver.read = lambda controller, path, file: (reads.append(path) if file == "cpu.stat" else None) or \
+        read(controller, path, file)
+    for path in ["tidal/reclaimed", *leaves]:
+        stat(path, 0)
+    agent.tick(now=100.0, epoch=1e9)
+    agent.tick(now=101.0, epoch=1e9 + 1)  # each workload read once: a reading to judge the next against
+    assert set(leaves) <= set(reads)
+    reads.clear()
+    stat("tidal/reclaimed", 5_000)  # 5 ms in the kernel over a second, all workloads together: quiet
+    agent.tick(now=102.0, epoch=1e9 + 2)
+    assert "tidal/reclaimed" in reads and not set(leaves) & set(reads)
+    reads.clear()
+    stat("tidal/reclaimed", 505_000)  # 500 ms: the tree works in the kernel; each is read, r1 confined
+    stat(leaves[1], 500_000)
+    agent.tick(now=103.0, epoch=1e9 + 3)
+    assert set(leaves) <= set(reads)
+    assert agent.harvest.kernel_work.names() == {"r1"}
