@@ -114,7 +114,14 @@ def _send(sock_path: str, raw: bytes) -> tuple:
             pass
         data = b""
         while True:
-            chunk = conn.recv(65536)
+            try:
+                chunk = conn.recv(65536)
+            except ConnectionResetError:
+                # the same refusal seen from this side: a unix socket closed with part of a request unread
+                # hands its peer the answer, then ECONNRESET where the end of the stream would be
+                if not data:
+                    raise
+                break
             if not chunk:
                 break
             data += chunk
