@@ -108,3 +108,28 @@ def test_nothing_is_cut_once_the_agent_stops(tmp_path, make_agent):
         assert len(agent.driver.ops) == writes and agent.counters["fast_shrinks"] == 0
     finally:
         agent.shutdown()
+
+
+def test_the_kernels_limits_hold_still_while_the_estimate_wanders_within_the_band(tmp_path, make_agent):
+    from agent.services.harvest import LIMIT_BAND, LIMIT_FLOOR_BYTES, LIMIT_FLOOR_MILLICPU
+
+    agent = serving(make_agent)
+    try:
+        now = [(4000, 8 * GIB, None)]
+        agent.harvest._limits = lambda: now[0]
+        assert agent.harvest.limits() == (4000, 8 * GIB, None)
+        agent.reconcile()  # written
+        passes = agent.counters["reconciles"]
+        for cap, top in ((4000 + LIMIT_FLOOR_MILLICPU, 8 * GIB - LIMIT_FLOOR_BYTES), (4080, 8 * GIB + 160 * MIB)):
+            now[0] = (cap, top, None)  # within the floor, then within 2% (80 millicpu, 164 MiB)
+            assert agent.harvest.limits() == (4000, 8 * GIB, None)
+            agent.reconcile()
+        assert agent.counters["reconciles"] == passes  # nothing to write: no pass over the tree
+        now[0] = (4000 - int(4000 * LIMIT_BAND) - 1, 8 * GIB, None)  # past the band: followed at once
+        assert agent.harvest.limits() == now[0]
+        now[0] = (now[0][0], now[0][1], 6 * GIB)  # the throttle moved: followed at once whatever the rest did
+        assert agent.harvest.limits() == now[0]
+        agent.reconcile()
+        assert agent.counters["reconciles"] == passes + 1
+    finally:
+        agent.shutdown()
