@@ -26,12 +26,21 @@ def quota_and_burst(files):
 
 
 def test_a_limited_workloads_spikes_borrow_the_quota_it_left_unused():
-    on = one_round("burst", 5.5, 200, 1000, 30, seed=0, fixed=True)
-    off = one_round("no_burst", 5.5, 200, 1000, 30, seed=0, fixed=True)
-    print(json.dumps({"burst": {k: v for k, v in on.items() if k != "latencies_ms"},
-                      "no_burst": {k: v for k, v in off.items() if k != "latencies_ms"}}))
-    assert len(on["latencies_ms"]) == len(off["latencies_ms"]) == 5
-    assert quota_and_burst(on["files"]) == ("20000", "20000"), on["files"]
-    assert on["throttled"] == 0, f"throttled {on['throttled']} periods with a burst of the whole quota"
-    assert quota_and_burst(off["files"]) == ("20000", "0"), off["files"]
-    assert off["throttled"] >= 1, "five 30 ms spikes under a 20 ms quota and no burst were never throttled"
+    # A spike is throttled without the burst only if the service gets over 20 ms of cpu within one
+    # period; on a host busy with other work (CI once: 15 active periods for the five spikes, none
+    # throttled) it gets less, and that trial shows nothing about the burst. Such a trial is printed and
+    # the pair run again, three trials at most; the burst must never be throttled in any of them.
+    for trial in range(1, 4):
+        on = one_round("burst", 5.5, 200, 1000, 30, seed=0, fixed=True)
+        off = one_round("no_burst", 5.5, 200, 1000, 30, seed=0, fixed=True)
+        print(json.dumps({"trial": trial,
+                          "burst": {k: v for k, v in on.items() if k != "latencies_ms"},
+                          "no_burst": {k: v for k, v in off.items() if k != "latencies_ms"},
+                          "no_burst_latencies_ms": [round(x, 1) for x in off["latencies_ms"]]}))
+        assert len(on["latencies_ms"]) == len(off["latencies_ms"]) == 5
+        assert quota_and_burst(on["files"]) == ("20000", "20000"), on["files"]
+        assert on["throttled"] == 0, f"throttled {on['throttled']} periods with a burst of the whole quota"
+        assert quota_and_burst(off["files"]) == ("20000", "0"), off["files"]
+        if off["throttled"] >= 1:
+            return
+    pytest.fail("five 30 ms spikes under a 20 ms quota and no burst were never throttled in three trials")
