@@ -150,7 +150,8 @@ def summarize(rows: List[Dict[str, Any]]) -> Dict[str, Any]:
             out[f"offline_mib{suffix}"] = round(used / MIB, 1)
             out[f"left_by_online_mib{suffix}"] = round(left / MIB, 1)
             out[f"offline_harvest{suffix}"] = round(used / left, 3) if left else None
-    for key in ("quiet_wait_s", "evictions", "throttles", "kernel_confinements", "limits", "protection", "seen"):
+    for key in ("quiet_wait_s", "evictions", "throttles", "kernel_confinements", "limits", "protection",
+                "online_memory_low", "seen"):
         if rows and key in rows[-1]:
             out[key] = [r[key] for r in rows] if key != "evictions" else [e for r in rows for e in r[key]]
     return out
@@ -494,6 +495,10 @@ def run(box_mib: int = 512, online_anon_mib: int = 64, online_file_mib: int = 64
                 result["kernel_confinements"] = agent.harvest.kernel_work.confinements
                 result["limits"] = list(agent.harvest.limits()[1:])
                 result["protection"] = dict(agent.harvest.protection.current())
+                # the service's own cgroup, where its pages are charged: its share of the tree's (v2)
+                low = agent.driver.read("", f"{agent.enforcement.base}/shared/online", "memory.low") \
+                    if agent.driver.version == 2 else None
+                result["online_memory_low"] = None if low is None else low.strip()
                 result["seen"] = {"node_bytes": agent.harvest.memory_total(), "online_bytes": agent.usage.online_bytes,
                                   "available_bytes": agent.usage.available_bytes}
             return result
