@@ -59,6 +59,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 from common.timing import median, percentile
 from agent.errors import TidalError
+from agent.isolation.cgroups.knobs import files_for
 
 MIB = 1 << 20
 PAGE = 4096
@@ -496,8 +497,9 @@ def run(box_mib: int = 512, online_anon_mib: int = 64, online_file_mib: int = 64
                 result["limits"] = list(agent.harvest.limits()[1:])
                 result["protection"] = dict(agent.harvest.protection.current())
                 # the service's own cgroup, where its pages are charged: its share of the tree's (v2)
-                low = agent.driver.read("", f"{agent.enforcement.base}/shared/online", "memory.low") \
-                    if agent.driver.version == 2 else None
+                # (the file by the knob table's name for it: only isolation names the kernel's files)
+                low = next((agent.driver.read(controller, f"{agent.enforcement.base}/shared/online", file)
+                            for controller, file, _ in files_for(agent.driver.version, "memory_low", 0)), None)
                 result["online_memory_low"] = None if low is None else low.strip()
                 result["seen"] = {"node_bytes": agent.harvest.memory_total(), "online_bytes": agent.usage.online_bytes,
                                   "available_bytes": agent.usage.available_bytes}
