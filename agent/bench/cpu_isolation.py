@@ -11,6 +11,18 @@ cpu) under four treatments:
   ``shared_cores`` workload, the hogs ``reclaimed_cores``, the agent's loop
   running (usage sampling, reclaim sizing, reconcile).
 
+With ``--foreign-load SLICE`` (a systemd host) two more: the host's own work outside Tidal's and the
+kubelet's trees, one process per cpu each busy half of every 20 ms (a normal priority: journald, a
+monitoring agent, an operator's build), runs in a transient unit in ``SLICE`` beside ``tidal``:
+
+* ``tidal_foreign``: the slice on every cpu, as systemd leaves it;
+* ``tidal_foreign_confined``: the agent holding the slice on the reserved cpus through systemd
+  (``--confine-host-units SLICE``, ``services.host_units``), given back after.
+
+The harness must not run in that slice (it would be confined with it): run it from a delegated scope
+of its own, ``systemd-run --scope -p Delegate=yes --slice=tidal-bench.slice tidal bench cpu-isolation
+--foreign-load system.slice``.
+
 Offline harvest = hogs' cpu time / the cpu time the probe left idle
 (cpus x duration - probe cpu time). The scenarios take turns in short runs,
 ``repeats`` rounds of them; latency percentiles are over all rounds' samples
@@ -67,6 +79,7 @@ def probe_main(period_ms: float, work_us: int, duration: float, start_at: Option
         time.sleep(max(0.0, start_at - time.time()))
     period = period_ms / 1000.0
     latencies: List[float] = []
+    wait0 = run_delay_s()
     cpu0 = time.process_time()
     next_tick = time.perf_counter() + period
     end = next_tick + duration
@@ -79,7 +92,21 @@ def probe_main(period_ms: float, work_us: int, duration: float, start_at: Option
             x += i * i
         latencies.append((time.perf_counter() - next_tick) * 1e6)
         next_tick += period
-    print(json.dumps({"latencies_us": latencies, "cpu_s": time.process_time() - cpu0}), flush=True)
+    wait = run_delay_s()
+    print(json.dumps({"latencies_us": latencies, "cpu_s": time.process_time() - cpu0,
+                      "wait_s": None if wait is None or wait0 is None else wait - wait0}), flush=True)
+
+
+def run_delay_s() -> Optional[float]:
+    """Seconds this process has waited runnable for a cpu, by the kernel's scheduler (``/proc/self/schedstat``,
+    its second field): the queueing a request met, apart from how fast the cpu ran it (under emulation, or
+    where a hypervisor takes the cpu away, the latency carries that too, the wait does not); None without
+    CONFIG_SCHED_INFO."""
+    try:
+        with open("/proc/self/schedstat") as handle:
+            return int(handle.read().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 def hog_main() -> None:
@@ -87,6 +114,102 @@ def hog_main() -> None:
     x = 0
     while True:
         x += 1
+
+
+def foreign_main(processes: int, duty: float, period_ms: float) -> None:
+    """The host's own work: ``processes`` processes, each busy ``duty`` of every ``period_ms`` (at
+    phases spread over the period), until killed (with its unit)."""
+    period = period_ms / 1000.0
+    children = []
+    for i in range(processes):
+        pid = os.fork()
+        if pid == 0:
+            next_start = time.monotonic() + period * i / processes
+            while True:
+                delay = next_start - time.monotonic()
+                if delay > 0:
+                    time.sleep(delay)
+                busy_until = time.monotonic() + period * duty
+                while time.monotonic() < busy_until:
+                    pass
+                next_start += period
+        children.append(pid)
+    for pid in children:
+        os.waitpid(pid, 0)
+
+
+FOREIGN_DUTY = 0.5
+FOREIGN_PERIOD_MS = 20.0
+
+
+class ForeignLoad:
+    """``foreign_main`` in a transient systemd service in ``slice``, started and stopped per scenario."""
+
+    def __init__(self, slice_unit: str, processes: int) -> None:
+        self.slice, self.processes = slice_unit, processes
+        self.unit: Optional[str] = None
+        self.cgroup = ""
+        self.ran_on = ""  # the load's effective cpus (the kernel's word) in the last scenario, read as it stops
+
+    def start(self) -> None:
+        self.unit = f"tidal-bench-foreign-{uuid.uuid4().hex[:8]}.service"
+        package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        proc = subprocess.run(["systemd-run", "--quiet", "--collect", f"--unit={self.unit}", f"--slice={self.slice}",
+                               f"--setenv=PYTHONPATH={package_root}", "--", sys.executable, "-m",
+                               "agent.bench.cpu_isolation", "foreign", str(self.processes), str(FOREIGN_DUTY),
+                               str(FOREIGN_PERIOD_MS)], capture_output=True, text=True, timeout=60)
+        if proc.returncode != 0:
+            self.unit = None
+            raise TidalError(f"--foreign-load: systemd-run refused the load's unit: {proc.stderr.strip()}")
+        self.cgroup = subprocess.run(["systemctl", "show", self.unit, "--property=ControlGroup", "--value"],
+                                     capture_output=True, text=True, timeout=60).stdout.strip()
+        # running once every process of it is there (systemd-run returns when the main one started)
+        deadline = time.monotonic() + 30
+        while len(self.pids()) < self.processes + 1:
+            if time.monotonic() > deadline:
+                raise TidalError(f"--foreign-load: {self.unit} did not start its {self.processes} processes in 30 s")
+            time.sleep(0.05)
+
+    def pids(self) -> List[int]:
+        path = f"/sys/fs/cgroup{self.cgroup}/cgroup.procs"
+        try:
+            with open(path) as handle:
+                return [int(p) for p in handle.read().split()]
+        except OSError:
+            return []
+
+    def stop(self) -> None:
+        if self.unit is not None:
+            try:
+                with open(f"/sys/fs/cgroup{self.cgroup}/cpuset.cpus.effective") as handle:
+                    self.ran_on = handle.read().strip()
+            except OSError:
+                self.ran_on = ""
+            subprocess.run(["systemctl", "stop", self.unit], capture_output=True, timeout=60)
+            self.unit = None
+
+
+def check_foreign_slice(slice_unit: str) -> None:
+    """One line and nothing started where ``--foreign-load`` cannot mean what it says here."""
+    from agent.isolation.systemd import unit_type
+
+    try:
+        if unit_type(slice_unit) != "slice":
+            raise ValueError(f"{slice_unit!r}: not a slice")
+    except ValueError as exc:
+        raise TidalError(f"--foreign-load: {exc}") from None
+    if not os.path.isdir("/run/systemd/system"):
+        raise TidalError("--foreign-load: systemd does not run this host (no /run/systemd/system): the load "
+                         "goes in one of its slices and the agent holds it through systemd")
+    own = ""
+    with open("/proc/self/cgroup") as handle:
+        for line in handle:
+            if line.startswith("0::"):
+                own = line[3:].strip()
+    if f"/{slice_unit}/" in f"{own}/" or slice_unit == "-.slice":
+        raise TidalError(f"--foreign-load {slice_unit}: this harness runs in it ({own}) and would be confined "
+                         f"with the load; run it from a scope of its own: systemd-run --scope -p Delegate=yes "
+                         f"--slice=tidal-bench.slice tidal bench cpu-isolation --foreign-load {slice_unit}")
 
 
 # ---- the harness ----------------------------------------------------------------
@@ -120,7 +243,9 @@ class _Run:
         self.kill()
         idle = max(1e-9, cpus * duration - result["cpu_s"])
         lat = result["latencies_us"]
-        return {"latencies_us": lat, "offline_harvest": hog_cpu / idle if self.hogs else None}
+        wait = result.get("wait_s")
+        return {"latencies_us": lat, "offline_harvest": hog_cpu / idle if self.hogs else None,
+                "wait_us": None if wait is None or not lat else wait * 1e6 / len(lat)}
 
     def kill(self) -> None:
         for proc in [self.probe, *self.hogs]:
@@ -142,9 +267,24 @@ def _scenario(name: str, cpus: int, args: Dict[str, Any], place: Callable[[_Run]
             cleanup()
 
 
-def run(duration: float = 2.0, repeats: int = 10, period_ms: float = 5.0, work_us: int = 300) -> Dict[str, Any]:
+TREATMENTS = ("none", "besteffort", "static_split", "tidal")
+FOREIGN_TREATMENTS = ("tidal_foreign", "tidal_foreign_confined")
+
+
+def run(duration: float = 2.0, repeats: int = 10, period_ms: float = 5.0, work_us: int = 300,
+        foreign_load: Optional[str] = None, treatments: Optional[List[str]] = None) -> Dict[str, Any]:
+    """``treatments``: which of them run beside ``alone`` (default: all; the foreign ones only with
+    ``foreign_load``, a systemd slice)."""
     if os.geteuid() != 0:
         raise TidalError("bench cpu-isolation needs root: it creates cgroups")
+    known = TREATMENTS + (FOREIGN_TREATMENTS if foreign_load else ())
+    chosen = list(treatments) if treatments else list(known)
+    for name in chosen:
+        if name not in known:
+            raise TidalError(f"bench cpu-isolation: no treatment {name!r} (known: {', '.join(known)}"
+                             + ("" if foreign_load else f"; {', '.join(FOREIGN_TREATMENTS)} need --foreign-load") + ")")
+    if foreign_load:
+        check_foreign_slice(foreign_load)
     from agent.daemon import Agent, AgentConfig
     from agent.isolation.cgroups.detect import detect
     from agent.isolation.cgroups.driver import KernelCgroups
@@ -169,6 +309,9 @@ def run(duration: float = 2.0, repeats: int = 10, period_ms: float = 5.0, work_u
         table, like the agent), put the probe and the hogs in, and return the clean-up."""
         specs = [CgroupSpec(base, {"cpus": every, "mems": mems})]
         specs += [CgroupSpec(f"{base}/{name}", {"cpus": every, "mems": mems, **extra}) for name, extra in knobs.items()]
+        # v2 under a cgroup that is not the root (a delegated scope): this process leaves it for
+        # <base>/system first, as the agent's own tree does (no internal processes)
+        driver.prepare(base)
         report = Reconciler(driver, base).apply(specs)
         if report.failed:
             raise TidalError(f"bench cgroups: {report.failed[0][2]}")
@@ -191,14 +334,24 @@ def run(duration: float = 2.0, repeats: int = 10, period_ms: float = 5.0, work_u
         return make_groups(run, "online", "offline", {"online": {"cpus": str(online[0])},
                                                 "offline": {"cpus": format_cpulist(online[1:])}})
 
-    def tidal(run: _Run):
+    def tidal(run: _Run, host_units: tuple = (), foreign: Optional[ForeignLoad] = None):
         state_dir = tempfile.mkdtemp(prefix="tidal-bench-")
         # the defaults a node runs with: the first core reserved for system work, where the agent
         # (here: this harness process and its agent thread) runs
         config = AgentConfig(socket_path=os.path.join(state_dir, "a.sock"), state_dir=state_dir,
-                             cgroup_base=base, cgroup_parent="self", period=0.5, empty_grace=3600, confine_self=True)
+                             cgroup_base=base, cgroup_parent="self", period=0.5, empty_grace=3600, confine_self=True,
+                             host_units=host_units)
         agent = Agent(config, echo=lambda line: None, topology=topo)
         agent.start()
+        if foreign is not None:
+            try:
+                foreign.start()  # after the agent (that holds the slice where asked): as a host's work, there first or not
+            except BaseException:
+                foreign.stop()
+                if agent.host_units is not None:
+                    agent.host_units.release()
+                agent.enforcement.reconciler.revert()
+                raise
         # the probe asks what it needs (a fifth of a cpu); offline asks all the capacity the agent reports
         agent.admit({"name": "probe", "qos": "shared_cores", "millicpu": 200})
         agent.admit({"name": "hogs", "qos": "reclaimed_cores", "millicpu": agent.state.reclaim_millicpu})
@@ -220,11 +373,19 @@ def run(duration: float = 2.0, repeats: int = 10, period_ms: float = 5.0, work_u
         def cleanup() -> None:
             stop.set()
             thread.join()
+            if foreign is not None:
+                foreign.stop()
+            if agent.host_units is not None:
+                agent.host_units.release()  # the slice's own cpus back, its saved value removed
             agent.enforcement.reconciler.revert()  # moves this process back to the parent cgroup too
 
         return cleanup
 
-    treatments = {"none": none, "besteffort": besteffort, "static_split": static_split, "tidal": tidal}
+    foreign = ForeignLoad(foreign_load, cpus) if foreign_load else None
+    every_treatment = {"none": none, "besteffort": besteffort, "static_split": static_split, "tidal": tidal,
+                       "tidal_foreign": lambda run: tidal(run, foreign=foreign),
+                       "tidal_foreign_confined": lambda run: tidal(run, host_units=(foreign_load,), foreign=foreign)}
+    treatments = {name: every_treatment[name] for name in chosen}
     alone: List[Dict[str, Any]] = []
     results: Dict[str, List[Dict[str, Any]]] = {k: [] for k in treatments}
     try:
@@ -232,7 +393,11 @@ def run(duration: float = 2.0, repeats: int = 10, period_ms: float = 5.0, work_u
             alone.append(_scenario("alone", cpus, args, none))
             for name, place in treatments.items():
                 results[name].append(_scenario(name, cpus, args, place))
+                if name in FOREIGN_TREATMENTS:
+                    results[name][-1]["foreign_cpus"] = foreign.ran_on
     finally:
+        if foreign is not None:
+            foreign.stop()
         remove_bench_tree()
 
     def summary(rows: List[Dict[str, Any]]) -> Dict[str, Any]:
@@ -241,6 +406,12 @@ def run(duration: float = 2.0, repeats: int = 10, period_ms: float = 5.0, work_u
         pooled = [x for r in rows for x in r["latencies_us"]]
         out = {"p50_us": round(percentile(pooled, 50), 1), "p99_us": round(percentile(pooled, 99), 1),
                "p999_us": round(percentile(pooled, 99.9), 1), "samples": len(pooled)}
+        waits = [r["wait_us"] for r in rows if r["wait_us"] is not None]
+        if waits:  # the probe's mean wait for a cpu per request, the median round's
+            out["wait_us"] = round(median(waits), 1)
+        ran_on = sorted({r["foreign_cpus"] for r in rows if "foreign_cpus" in r})
+        if ran_on:  # where the foreign load ran (its cgroup's effective cpus; one value unless it changed)
+            out["foreign_cpus"] = ran_on[0] if len(ran_on) == 1 else ran_on
         harvests = [r["offline_harvest"] for r in rows if r["offline_harvest"] is not None]
         if harvests:
             out["offline_harvest"] = round(median(harvests), 3)
@@ -251,7 +422,11 @@ def run(duration: float = 2.0, repeats: int = 10, period_ms: float = 5.0, work_u
     for name, rows in results.items():
         scenarios[name] = summary(rows)
         scenarios[name]["p99_ratio"] = round(scenarios[name]["p99_us"] / alone_summary["p99_us"], 3)
-    return {"alone": alone_summary, "scenarios": scenarios, "repeats": repeats, "cpus": cpus,
+    extra: Dict[str, Any] = {}
+    if foreign is not None:
+        extra["foreign_load"] = {"slice": foreign_load, "processes": cpus, "duty": FOREIGN_DUTY,
+                                 "period_ms": FOREIGN_PERIOD_MS}
+    return {"alone": alone_summary, "scenarios": scenarios, **extra, "repeats": repeats, "cpus": cpus,
             "cgroup_version": driver.version, "kernel": os.uname().release, "duration_s": duration, "period_ms": period_ms, "work_us": work_us}
 
 
@@ -261,3 +436,5 @@ if __name__ == "__main__":
                    *((float(sys.argv[5]), int(sys.argv[6])) if len(sys.argv) > 6 else ()))
     elif sys.argv[1] == "hog":
         hog_main()
+    elif sys.argv[1] == "foreign":
+        foreign_main(int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4]))

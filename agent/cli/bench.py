@@ -171,12 +171,23 @@ def bench_qrm(root, workloads: int, repeat: int, churn_steps: int, as_json: bool
               help="The probe's request period.")
 @click.option("--work-us", default=300, show_default=True, type=click.IntRange(10, 100000),
               help="Fixed work per probe request.")
+@click.option("--foreign-load", metavar="SLICE", default=None,
+              help="Also run Tidal beside a foreign load (one 50%-duty process per cpu) in this systemd slice "
+                   "(system.slice), the slice on every cpu and held on the reserved cpus (systemd hosts; run "
+                   "the bench outside that slice: see docs/benchmarks).")
+@click.option("--treatments", default=None, metavar="NAME,...",
+              help="Run only these beside alone: none, besteffort, static_split, tidal, and with --foreign-load "
+                   "tidal_foreign, tidal_foreign_confined (default: all).")
 @click.option("--json", "as_json", is_flag=True, help="JSON output (always JSON).")
-def bench_cpu_isolation(duration: float, repeats: int, period_ms: float, work_us: int, as_json: bool) -> None:
+def bench_cpu_isolation(duration: float, repeats: int, period_ms: float, work_us: int, foreign_load, treatments,
+                        as_json: bool) -> None:
     """Online latency vs offline harvest: none, BestEffort, static split, Tidal (needs root)."""
     from agent.bench.cpu_isolation import run
 
-    emit_json(run(duration, repeats, period_ms, work_us))
+    chosen = [t.strip() for t in treatments.split(",") if t.strip()] if treatments is not None else None
+    if chosen is not None and not chosen:
+        raise click.BadParameter("name at least one treatment", param_hint="--treatments")
+    emit_json(run(duration, repeats, period_ms, work_us, foreign_load=foreign_load, treatments=chosen))
 
 
 @bench.command("memory-isolation")
