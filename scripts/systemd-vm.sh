@@ -162,12 +162,17 @@ if [ "$ACCEL" = auto ]; then ACCEL="$(cat "$CACHE/vm-accel" 2>/dev/null || echo 
 case "$ACCEL" in kvm) accel="-accel kvm -cpu host";; tcg) accel="-accel tcg";; *) say "TIDAL_VM_ACCEL: tcg, kvm or auto"; exit 2;; esac
 say "booting $version ($ACCEL) with systemd as PID 1, 6 vCPUs (3 cores of 2 SMT threads) and 2 GiB"
 start=$(date +%s)
+# tsc=reliable: emulated vCPUs all busy (the foreign-load bench) leave the clocksource watchdog's reads
+# hundreds of ms apart; it then calls the TSC skewed (666 us over 480 ms) and marks it unstable, which flips
+# the sched_clock_stable static key at run time, a code patch another vCPU may run mid-way (an int3 oops in
+# sched_clock_cpu here, the same hazard as the cpu quota's key below). QEMU's TSC is the host's clock for
+# every vCPU: no watchdog is needed on it.
 boot() {
     # shellcheck disable=SC2086
     # SMT, as the nodes users run: what reclaimed work may not share with a dedicated cpu is a sibling thread
     timeout 2400 qemu-system-x86_64 $accel -smp 6,sockets=1,cores=3,threads=2 -m 2G -nographic -vga none -no-reboot -snapshot \
         -kernel "$tree/boot/vmlinuz-$version" -initrd "$VMDIR/initrd.img" \
-        -append "root=/dev/vda rw console=ttyS0 panic=-1 systemd.unified_cgroup_hierarchy=1 cgroup_no_v1=all" \
+        -append "root=/dev/vda rw console=ttyS0 panic=-1 systemd.unified_cgroup_hierarchy=1 cgroup_no_v1=all tsc=reliable" \
         -drive "file=$IMAGE,if=virtio,format=raw" \
         -virtfs "local,path=$REPO,mount_tag=repo,security_model=none,readonly=on" \
         -virtfs "local,path=$WHEELS,mount_tag=wheels,security_model=none,readonly=on" \
