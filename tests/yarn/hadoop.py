@@ -151,9 +151,19 @@ class Yarn:
         except OSError:
             return []
 
-    def tail(self, name: str, lines: int = 40) -> str:
+    def tail(self, name: str, lines: int = 40, since: int = 0) -> str:
+        """The last ``lines`` of a daemon's log (appended to across its restarts), from byte ``since`` on."""
         path = self.logs.get(name)
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path and path.exists() else ""
+        if not path or not path.exists():
+            return ""
+        with open(path, "rb") as handle:
+            handle.seek(since)
+            return "\n".join(handle.read().decode(errors="replace").splitlines()[-lines:])
+
+    def log_size(self, name: str) -> int:
+        """Where a daemon's log ends now: ``tail(name, since=...)`` reads only what it writes after."""
+        path = self.logs.get(name)
+        return path.stat().st_size if path and path.exists() else 0
 
     def wait_rm(self, timeout: float = 120) -> None:
         deadline = time.monotonic() + timeout
