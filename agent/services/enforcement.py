@@ -13,7 +13,7 @@ import logging
 import os
 import time
 from dataclasses import replace
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Set, Tuple
 
 from agent.isolation.cgroups.desired import CgroupOptions, desired_tree, harvests, partitions, takes_idle
 from agent.isolation.cgroups.driver import CgroupDriver
@@ -53,6 +53,7 @@ class Enforcement:
         self.reconciler = Reconciler(driver, base)
         self.originals_path = os.path.join(state_dir, "originals.json")
         self.last_report: Optional[ReconcileReport] = None
+        self._pending_said: Set[str] = set()  # removals the kernel refused that the log has named
         self.last_reconcile_ms = 0.0
         self._last_verify = -1e18
         self._reconciled_key = None
@@ -105,8 +106,10 @@ class Enforcement:
             # the state object itself, compared by identity (an id() could be reused once freed); with
             # placements the Reconciler looks every pass (a pod's cgroups appear when the kubelet makes them)
             last = self._reconciled_key
+            # (a removal the kernel refused a moment ago is tried again every pass until it is done)
             unchanged = (last is not None and last[0] is owner.state and last[1] == options
-                         and last[2] == owner.placements and not owner.placements)
+                         and last[2] == owner.placements and not owner.placements
+                         and not (self.last_report is not None and self.last_report.pending))
             if not verify and unchanged and self.last_report is not None:
                 return ReconcileReport()  # nothing changed since the last pass: no work at all
             self._reconciled_key = (owner.state, options, dict(owner.placements))
@@ -121,6 +124,11 @@ class Enforcement:
                 log.warning("repaired %s/%s: found %r, wrote %r", path, file, was, now)
             for path, file, error in report.failed:
                 log.error("cgroup write failed: %s", error)
+            for path, reason in report.pending:
+                if path not in self._pending_said:  # once per cgroup: the passes until it goes say nothing
+                    log.info("%s: its processes are still exiting; removed once they are gone (%s)", path, reason)
+                    self.counters["removals_waited"] = self.counters.get("removals_waited", 0) + 1
+            self._pending_said = {path for path, _ in report.pending}
             for item in report.reenabled:
                 log.warning("controller taken away from %s: enabled again", item)
             self.counters["controller_repairs"] = self.counters.get("controller_repairs", 0) + len(report.reenabled)

@@ -524,3 +524,48 @@ def test_v2_controllers_given_back_once_per_parent_in_a_pass(tmp_path):
     # the fake's one parent with the file is the root: each controller given back to it once, not once
     # for every cgroup of the tree
     assert sorted(report.reenabled) == [f"{cg}:{c}" for c in ("cpu", "cpuset", "io", "memory")], report.reenabled
+
+
+def test_a_removal_the_kernel_refuses_is_pending_then_retried_every_pass_and_a_failure_only_after_the_grace():
+    """A workload's cgroup whose killed processes are still exiting (they can be neither moved nor waited
+    for): the kernel says EBUSY. Within REMOVAL_GRACE_S it is pending (no failure, tried again on the next
+    pass even with the same specs); gone once the processes are; a failure only if it stays longer."""
+    from agent.isolation.cgroups.reconcile import REMOVAL_GRACE_S
+
+    now = {"t": 0.0}
+    driver = RecordingCgroups(version=1)
+    rec = Reconciler(driver, "tidal", clock=lambda: now["t"])
+    assert rec.apply(desired_tree(TOPO, STATE, pools(TOPO, STATE), CgroupOptions(), driver.features)).ok
+    driver.members["tidal/reclaimed/min/batch"] = [4242]
+    move = driver.move
+
+    def exiting(path, pid):  # the dying process: the kernel will not move it
+        if pid == 4242:
+            raise CgroupError(f"{path}: No such process")
+        move(path, pid)
+
+    driver.move = exiting
+    gone = STATE.without("batch")
+    specs = desired_tree(TOPO, gone, pools(TOPO, gone), CgroupOptions(), driver.features)
+    first = rec.apply(specs, verify=False)
+    assert first.ok and [p for p, _ in first.pending] == ["tidal/reclaimed/min/batch"]
+    now["t"] += 1
+    again = rec.apply(specs, verify=False)  # the same specs: tried again, not skipped
+    assert again.ok and [p for p, _ in again.pending] == ["tidal/reclaimed/min/batch"]
+    driver.members["tidal/reclaimed/min/batch"] = []  # it exited
+    done = rec.apply(specs, verify=False)
+    assert done.ok and not done.pending and done.removed == ["tidal/reclaimed/min/batch"]
+    assert rec.apply(specs, verify=False).removed == []  # nothing more to do: the pass is skipped again
+    # one that stays past the grace (a process stuck in the kernel) is a failure, with how long
+    rec2_state = state_of({"name": "stuck", "qos": "reclaimed_cores", "millicpu": 1000, "tier": "low"})
+    rec.apply(desired_tree(TOPO, rec2_state, pools(TOPO, rec2_state), CgroupOptions(), driver.features))
+    driver.members["tidal/reclaimed/low/stuck"] = [4242]
+    empty = state_of()
+    specs = desired_tree(TOPO, empty, pools(TOPO, empty), CgroupOptions(), driver.features)
+    assert rec.apply(specs).pending
+    now["t"] += REMOVAL_GRACE_S + 1
+    late = rec.apply(specs)
+    assert not late.pending and [p for p, _, _ in late.failed] == ["tidal/reclaimed/low/stuck"]
+    assert "for 11 s" in late.failed[0][2]
+    # revert says so at once: the tree goes now or not at all
+    assert [p for p, _, _ in rec.revert().failed if p == "tidal/reclaimed/low/stuck"] == ["tidal/reclaimed/low/stuck"]

@@ -12,6 +12,10 @@
    parent quota below a child's).
 6. Write every other knob whose file differs from the desired value.
 
+A cgroup the kernel will not remove yet (EBUSY: processes killed a moment ago still exiting, which
+can be neither moved nor waited for) is a pending removal for ``REMOVAL_GRACE_S``, tried again every
+pass, and a failure only once it stays longer (a process stuck in the kernel, someone else's child).
+
 A file that differs although Tidal last wrote the desired value there was
 changed by someone else: it is rewritten and counted as a drift repair.
 Every write that fails is reported, and the rest still applied; nothing
@@ -27,8 +31,9 @@ and forgotten (last values, originals) once they are no longer wanted or gone.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
-from typing import Dict, Iterable, List, Optional, Set, Tuple
+from typing import Callable, Dict, Iterable, List, Optional, Set, Tuple
 
 from agent.isolation.cgroups.desired import CgroupSpec
 from agent.isolation.cgroups.detect import CgroupError
@@ -38,6 +43,7 @@ from agent.topology.parse import format_cpulist, parse_cpulist
 
 Key = Tuple[str, str, str]  # (path, controller, file)
 CPUSET_KNOBS = ("cpus", "mems", "cpus_exclusive")
+REMOVAL_GRACE_S = 10.0  # a removal the kernel refuses is pending this long before it is a failure
 PARTITION_FILES = ("cpuset.cpus.exclusive", "cpuset.cpus.partition")
 
 
@@ -48,6 +54,7 @@ class ReconcileReport:
     written: List[Tuple[str, str, str]] = field(default_factory=list)
     repaired: List[Tuple[str, str, Optional[str], str]] = field(default_factory=list)
     failed: List[Tuple[str, str, str]] = field(default_factory=list)
+    pending: List[Tuple[str, str]] = field(default_factory=list)  # (path, the kernel's word): removal refused, in grace
     rejoined: List[Tuple[str, int]] = field(default_factory=list)  # (path, pid) made whole across hierarchies
     partitions_refused: List[Tuple[str, str]] = field(default_factory=list)  # (path, the kernel's reason)
     reenabled: List[str] = field(default_factory=list)  # v2 "parent:controller" someone had taken away
@@ -72,8 +79,11 @@ def _union(a: Optional[str], b: str) -> str:
 
 
 class Reconciler:
-    def __init__(self, driver: CgroupDriver, base: str, managed_roots: Iterable[str] = ()) -> None:
+    def __init__(self, driver: CgroupDriver, base: str, managed_roots: Iterable[str] = (),
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.driver = driver
+        self.clock = clock
+        self.refused_since: Dict[str, float] = {}  # cgroups whose removal the kernel refused, since when
         self.base = base
         self.last: Dict[Key, str] = {}
         self.originals: Dict[Key, Optional[str]] = {}
@@ -225,7 +235,8 @@ class Reconciler:
         finally:
             self._trust_last = False
         self._forget_external({spec.path for spec in specs if spec.external})
-        self._applied = fingerprint if report.ok else None
+        # a pending removal is tried again on the next pass, whatever the specs
+        self._applied = fingerprint if report.ok and not report.pending else None
         return report
 
     def _forget_external(self, wanted: Set[str]) -> None:
@@ -249,6 +260,9 @@ class Reconciler:
                 path = f"{root}/{child}"
                 if path not in wanted:
                     self._remove(report, path)
+        refused = {path for path, _ in report.pending} | {path for path, _, _ in report.failed}
+        for path in [p for p in self.refused_since if p not in refused]:
+            del self.refused_since[path]  # gone by other hands, or wanted again: a later refusal starts afresh
         # 2. create, parents first (between verifying passes a cgroup Tidal wrote is taken to be there:
         #    one removed behind its back fails the write, and the pass after reads and makes it again)
         known = {key[0] for key in self.last} if self._trust_last else set()
@@ -355,12 +369,17 @@ class Reconciler:
         try:
             self.driver.remove(path)
             report.removed.append(path)
+            self.refused_since.pop(path, None)
             self.created.discard(path)
             self.partition_refused.pop(path, None)
             for key in [k for k in self.last if k[0] == path]:
                 del self.last[key]
         except CgroupError as exc:
-            report.failed.append((path, "", str(exc)))
+            since = self.refused_since.setdefault(path, self.clock())
+            if self.clock() - since < REMOVAL_GRACE_S:
+                report.pending.append((path, str(exc)))
+            else:
+                report.failed.append((path, "", f"{exc} (for {self.clock() - since:.0f} s)"))
 
     def revert(self) -> ReconcileReport:
         """Put back what was found: no Tidal tree, and original values of others' cgroups (after the
@@ -397,6 +416,9 @@ class Reconciler:
                 report.written.append((path, file, text))
             except CgroupError as exc:
                 report.failed.append((path, file, str(exc)))
+        # the tree goes now or not at all: a removal the kernel refuses here is a failure, said as one
+        report.failed.extend((path, "", reason) for path, reason in report.pending)
+        report.pending = []
         self.last.clear()
         self._applied = None
         return report
