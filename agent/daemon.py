@@ -40,7 +40,7 @@ from agent.isolation.cgroups.layout import check_base
 from agent.isolation.cgroups.reconcile import ReconcileReport
 from agent.isolation.cgroups.recover import recover_state
 from agent.lending import NodeLending
-from agent.qrm.assignment import cpu_owners, reclaimed_cpus
+from agent.qrm.assignment import cpu_owners, reclaimed_cpus, system_cpus
 from agent.qrm.model import LOCAL, Allocation, QoS
 from agent.qrm.policy import State, smt_siblings_held_back
 from agent.qrm.state import CheckpointStore
@@ -258,6 +258,8 @@ class Agent:
             if moved:
                 self.echo(f"tidal agent: cgroup v2 holds no processes where controllers are distributed: moved "
                           f"{len(moved)} process(es) of {self.driver.bases['']} into {cfg.cgroup_base}/system")
+        if cfg.cgroup_options.host_cgroups and not cfg.cgroups_in_memory:
+            self._check_host_cgroups()
         self._build_services()
         try:
             os.makedirs(cfg.state_dir, mode=0o700, exist_ok=True)
@@ -395,6 +397,25 @@ class Agent:
                 raise TidalError(f"--confine-host-units {held}: Tidal's tree would live under it ({own}, "
                                  f"--cgroup-parent self); leave it out or use --cgroup-parent /")
 
+    def _check_host_cgroups(self) -> None:
+        """Before anything is made: a host without systemd (it owns the tree and rewrites what it made),
+        and every cgroup named there."""
+        if os.path.isdir("/run/systemd/system"):
+            raise TidalError("--confine-host-cgroups: systemd runs this host and owns its cgroups; hold its units "
+                             "with --confine-host-units instead")
+        for path in self.config.cgroup_options.host_cgroups:
+            if not self.driver.present(path):
+                raise TidalError(f"--confine-host-cgroups {path}: no such cgroup "
+                                 f"({', '.join(sorted(set(self.driver.where(path).values())))})")
+
+    def _host_cgroups_status(self) -> Optional[Dict[str, Any]]:
+        named = self.config.cgroup_options.host_cgroups
+        if not named:
+            return None
+        held = self.enforcement.host_tree()
+        return {"named": list(named), "held": list(held), "cpus": format_cpulist(system_cpus(self.owner.pools())),
+                "missing": [p for p in named if p not in held]}
+
     def _hold_host_units(self) -> None:
         """``--confine-host-units``: systemd holds those units on the reserved cpus from now on."""
         from agent.isolation.systemd import SystemdUnits
@@ -520,6 +541,7 @@ class Agent:
                 "push": self.pusher.records() if self.pusher is not None else [],
                 "offline_containers": self.containers.status() if self.containers is not None else None,
                 "host_units": self.host_units.status() if self.host_units is not None else None,
+                "host_cgroups": self._host_cgroups_status(),
                 "last_reconcile_ms": round(self.enforcement.last_reconcile_ms, 3),
                 "state_file": self.store.path, "socket": self.config.socket_path,
                 "runtime": {**self.runtime_integration(), "kubelet_cpu_manager": self.config.kubelet_cpu_manager},

@@ -138,6 +138,11 @@ def parse_reserved(value: Optional[str]):
               help="A systemd slice, scope or service that is not Tidal's or the kubelet's (system.slice, "
                    "user.slice, init.scope) to hold on the reserved cpus through systemd (AllowedCPUs=, runtime); "
                    "its own value is saved and given back by --revert. Repeatable; needs systemd as PID 1.")
+@click.option("--confine-host-cgroups", "host_cgroups", multiple=True, metavar="PATH",
+              help="On a host without systemd: a cgroup from the hierarchy's root that is not Tidal's or the "
+                   "kubelet's (the host's daemons, e.g. /system, /docker) to hold on the reserved cpus, with its "
+                   "children on cgroup v1; its cpuset is saved and given back by --revert. Repeatable "
+                   "(systemd hosts: --confine-host-units).")
 @click.option("--cgroups-in-memory", "--record-cgroups", "cgroups_in_memory", is_flag=True,
               help="Keep the cgroups in memory, written nowhere (a dry run; tests off the host). With the kernel "
                    "left alone, so are the fast guard, self-confinement, the helpers' cgroup and the lifting of "
@@ -183,7 +188,7 @@ def agent(root: str, socket_path: str, state_dir: str, reserved_cpus, period: fl
           memory_evict_below, memory_pressure_threshold: float, cpu_pressure_threshold: float,
           io_pressure_threshold: float, reclaim_buffer: float, lending_notice: str, online_policy: str, hooks,
           guard_interval: float,
-          no_confine_self: bool, host_units, cgroups_in_memory: bool,
+          no_confine_self: bool, host_units, host_cgroups, cgroups_in_memory: bool,
           dedicated_partition: str,
           online_nic, offline_nic, offline_gateway, net_netns, no_ingress_shaping: bool, kube_node, kubeconfig,
           kubelet_root_dir, kubelet_cgroup_driver, topology_policy: str, log_level: str, print_config) -> None:
@@ -202,7 +207,10 @@ def agent(root: str, socket_path: str, state_dir: str, reserved_cpus, period: fl
                              revert_on_exit=revert, cgroups_in_memory=cgroups_in_memory, confine_self=not no_confine_self,
                              host_units=parse_host_units(host_units),
                              cgroup_options=CgroupOptions(dedicated_partition=dedicated_partition,
-                                                          online_cpu_burst_percent=online_cpu_burst),
+                                                          online_cpu_burst_percent=online_cpu_burst,
+                                                          host_cgroups=parse_host_cgroups(
+                                                              host_cgroups, cgroup_base, offline_cgroups + nm_cgroups,
+                                                              cgroup_parent)),
                              push_command=parse_argv("--push-command", push_command), push_url=push_url,
                              push_format=push_format, push_resend=push_resend,
                              yarn_rm=check_yarn_rm(yarn_rm, yarn_node_id, yarn_node_host), yarn_node_id=yarn_node_id,
@@ -325,6 +333,27 @@ def parse_host_units(units) -> tuple:
             raise click.BadParameter(f"{unit!r} holds Tidal's or the kubelet's work, which Tidal places itself",
                                      param_hint="--confine-host-units")
     return tuple(dict.fromkeys(units))
+
+
+def parse_host_cgroups(paths, base: str, offline, parent: str) -> tuple:
+    """--confine-host-cgroups: paths from the hierarchy's root, none of them Tidal's, the kubelet's, an
+    offline system's, or above one another (a child is held with its parent)."""
+    option = "--confine-host-cgroups"
+    held = parse_offline_cgroups(paths, base, option)
+    if held and parent != "/":
+        raise TidalError(f"{option}: its paths are from the hierarchy's root; with --cgroup-parent {parent} "
+                         f"Tidal's tree is not there (use --cgroup-parent /, or --confine-host-units under systemd)")
+    declared = {"/".join(part for part in path.split("/") if part) for path in offline}  # checked by their own option
+    for path in held:
+        if path.split("/")[0].startswith("kubepods"):
+            raise TidalError(f"{option} {path}: the kubelet's pods, which Tidal places itself")
+        if path in declared:
+            raise TidalError(f"{option} {path}: declared offline (--offline-cgroup), whose work runs on "
+                             f"reclaimed capacity, not the reserved cpus")
+        above = [other for other in held if path.startswith(other + "/")]
+        if above:
+            raise TidalError(f"{option} {path}: below {above[0]}, which is held with everything under it")
+    return held
 
 
 def parse_offline_cgroups(paths, base: str = "tidal", option: str = "--offline-cgroup") -> tuple:

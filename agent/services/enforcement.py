@@ -102,7 +102,7 @@ class Enforcement:
             options = replace(self.options, base=self.base, reclaimed_cap_millicpu=cap, reclaimed_memory_max=memory,
                               reclaimed_memory_high=self.options.reclaimed_memory_high if high is None else high,
                               online_memory_low=self.protection(), confined=self.confined(),
-                              offline_io_max=self.io_limits())
+                              offline_io_max=self.io_limits(), host_cgroups=self.host_tree())
             # the state object itself, compared by identity (an id() could be reused once freed); with
             # placements the Reconciler looks every pass (a pod's cgroups appear when the kubelet makes them)
             last = self._reconciled_key
@@ -141,6 +141,23 @@ class Enforcement:
             if self.reconciler.originals:
                 self.save_originals()
             return report
+
+    def host_tree(self) -> tuple:
+        """``--confine-host-cgroups``: the cgroups named that exist now, parents first, and on v1 every
+        cgroup below them (a v1 parent cannot narrow its cpuset below a child's: the children go first)."""
+        out = []
+        for path in self.options.host_cgroups:
+            if not self.driver.present(path):
+                continue
+            out.append(path)
+            if self.driver.version == 1:
+                todo = [path]
+                while todo:
+                    parent = todo.pop(0)
+                    below = [f"{parent}/{child}" for child in sorted(self.driver.children(parent))]
+                    out += below
+                    todo += below
+        return tuple(sorted(dict.fromkeys(out), key=lambda p: p.count("/")))
 
     # ---- originals: what others' cgroups held before Tidal wrote them -------------------------
 

@@ -128,6 +128,18 @@ def test_installed_as_shipped():
     assert not any(line.split()[2] == "cgroup" for line in read("/proc/self/mounts").splitlines())
 
 
+def test_confine_host_cgroups_refuses_a_systemd_host_with_one_line(tmp_path):
+    """--confine-host-cgroups is for hosts without systemd: here systemd owns the cgroups, and the agent
+    says which option is this host's before it makes anything."""
+    base = "tidal-refused-host-cgroups"
+    done = subprocess.run(["tidal", "agent", "--socket", str(tmp_path / "s.sock"), "--state-dir", str(tmp_path / "st"),
+                           "--cgroup-base", base, "--confine-host-cgroups", "/system.slice"],
+                          capture_output=True, text=True, timeout=120)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1 and "--confine-host-units" in lines[0], done.stderr
+    assert not os.path.exists(f"{CGROUP}/{base}") and not os.path.exists(tmp_path / "st" / "checkpoint.json")
+
+
 def test_enable_now_waits_for_readiness(node):
     start = time.monotonic()
     sh("systemctl", "enable", "--now", UNIT, timeout=300)

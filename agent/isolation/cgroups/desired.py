@@ -69,6 +69,10 @@ class CgroupOptions:
     # a limited online workload's cpu burst: the share of its quota a period may borrow from what it left
     # unused before (the kernel caps it at the quota: 100); 0 off. Reclaimed work never gets one
     online_cpu_burst_percent: int = 100
+    # the host's own cgroups that are neither Tidal's nor the kubelet's (--confine-host-cgroups, a host without
+    # systemd), parents first: held on the system cpus, written while they exist, put back as found on revert.
+    # On v1 their descendants too (services.enforcement lists them): a parent cannot narrow below a child
+    host_cgroups: tuple = ()
 
 
 PARTITION_MODES = ("root", "isolated", "none")
@@ -254,6 +258,9 @@ def desired_tree(topo: Topology, state: State, pools: Pools, options: CgroupOpti
             knobs["partition"] = partition
         path = workload_path(base, alloc)
         specs.append(CgroupSpec(path, {**knobs, **shielded(alloc, path)}, alloc.name))
+    # the host's own work outside Tidal and the kubelet, on the system cpus (parents first: widened top-down,
+    # narrowed bottom-up by the Reconciler like every cpuset)
+    external += [CgroupSpec(path, {"cpus": system}, external=True) for path in options.host_cgroups]
     # the cgroups above protected pods (the kubelet's kubepods and QoS-class cgroups): their memory.low is
     # the sum below, else the pods' would be bounded by nothing above them; written, like the pods', only
     # while they exist, and put back as found on revert
