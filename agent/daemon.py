@@ -254,12 +254,12 @@ class Agent:
         if self.driver is None:
             mounts = detect(HostFS(cfg.root))
             self.driver = KernelCgroups(mounts, HostFS(cfg.root), parent=cfg.cgroup_parent)
+            if cfg.cgroup_options.host_cgroups:
+                self._check_host_cgroups()  # before prepare: a refusal leaves nothing made
             moved = self.driver.prepare(cfg.cgroup_base)  # checks first: one clear error, nothing made
             if moved:
                 self.echo(f"tidal agent: cgroup v2 holds no processes where controllers are distributed: moved "
                           f"{len(moved)} process(es) of {self.driver.bases['']} into {cfg.cgroup_base}/system")
-        if cfg.cgroup_options.host_cgroups and not cfg.cgroups_in_memory:
-            self._check_host_cgroups()
         self._build_services()
         try:
             os.makedirs(cfg.state_dir, mode=0o700, exist_ok=True)

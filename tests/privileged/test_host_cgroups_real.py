@@ -113,7 +113,11 @@ def test_a_host_cgroup_is_held_on_the_reserved_cpus_repaired_and_given_back(tmp_
     assert agent.returncode == 0, out
     # --revert: the host's values back, every cpu for its process, Tidal's tree gone
     after = {p: driver.read(controller, p, "cpuset.cpus") for p in (name, f"{name}/svc")}
-    assert after == before, out
+    # v2 keeps a populated cgroup's cpuset from going empty (ENOSPC), so one that was "as the parent"
+    # gets the parent's effective set back: what empty gave its processes (Reconciler._restore_inherited)
+    inherited = driver.read(controller, "", "cpuset.cpus.effective").strip() if driver.version == 2 else None
+    for path, text in before.items():
+        assert after[path].strip() in ({text.strip()} | ({inherited} if not text.strip() else set())), (path, out)
     assert allowed(sleeper.pid) == every
     assert not driver.exists(base)
 
