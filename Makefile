@@ -16,7 +16,7 @@ BIN_DIR ?= /usr/local/bin
 CONFIG_DIR ?= /etc/tidal
 COMPLETION_DIR ?= /usr/share/bash-completion/completions
 
-.PHONY: all install deps test docs dist helm kwok koordlet manifests test-cgroup2 test-systemd bench-hierarchies run bench clean clean-test-leftovers k8s-testbin nrt-scheduler yarn-testbin node-testbin image
+.PHONY: all install deps test docs dist helm kwok koordlet manifests test-cgroup2 test-systemd test-systemd-kubelet test-systemd-full bench-hierarchies run bench clean clean-test-leftovers k8s-testbin nrt-scheduler yarn-testbin node-testbin image
 
 all: test
 
@@ -58,6 +58,15 @@ test-cgroup2: deps $(STAMP)
 # tests/systemd drive it with systemctl (scripts/systemd-vm.sh; the image and wheels cached outside the repository)
 test-systemd: deps $(STAMP)
 	sh scripts/systemd-vm.sh
+
+# the DaemonSet on a kubeadm-style node in the same VM: a kubelet >= 1.35 with the systemd cgroup driver and
+# containerd 2.x as systemd units, the control plane on this host (root; k8s-testbin at the kubelet's version,
+# node-testbin, the image and helm, built when missing). Not in CI (~10 min under emulation); make test-systemd-full runs both systemd tiers
+test-systemd-kubelet: deps $(STAMP)
+	TIDAL_VM_KUBE=1 sh scripts/systemd-vm.sh
+
+# every systemd tier: run before each closing note
+test-systemd-full: test-systemd test-systemd-kubelet
 
 # the cpu benchmarks on this host's hierarchy and on pure cgroup v2 in the same VM, side by side (root)
 bench-hierarchies: deps $(STAMP)

@@ -85,12 +85,16 @@ class ControlPlane:
     accounts), which the tier without a kubelet leaves off."""
 
     def __init__(self, bin_dir: str, address: str = "127.0.0.1", port: Optional[int] = None,
-                 service_cidr: str = "10.0.0.0/24", service_accounts: bool = False, json_storage: bool = True) -> None:
+                 service_cidr: str = "10.0.0.0/24", service_accounts: bool = False, json_storage: bool = True,
+                 advertise: Optional[str] = None) -> None:
         self.bin = bin_dir
         self.dir = tempfile.mkdtemp(prefix="tidal-k8s-")
         self.procs: Dict[str, subprocess.Popen] = {}
         self.etcd_port = free_port()
         self.address = address
+        # where the cluster reaches the server, when not where it listens (make test-systemd-kubelet: the
+        # VM's side of qemu's user network, forwarded to this host's loopback)
+        self.advertise = advertise or address
         self.api_port = port or free_port()
         self.service_cidr = service_cidr
         self.service_accounts = service_accounts
@@ -126,7 +130,7 @@ class ControlPlane:
         d = self.dir
         api = self._spawn("kube-apiserver", [
             f"{self.bin}/kube-apiserver", f"--etcd-servers=http://127.0.0.1:{self.etcd_port}",
-            f"--secure-port={self.api_port}", f"--bind-address={self.address}", f"--advertise-address={self.address}",
+            f"--secure-port={self.api_port}", f"--bind-address={self.address}", f"--advertise-address={self.advertise}",
             f"--cert-dir={d}/certs", f"--token-auth-file={d}/tokens.csv", "--authorization-mode=RBAC",
             "--service-account-issuer=https://kubernetes.default.svc", f"--service-account-key-file={d}/sa.pub",
             f"--service-account-signing-key-file={d}/sa.key", f"--service-cluster-ip-range={self.service_cidr}",
@@ -146,6 +150,33 @@ class ControlPlane:
                 return response.status == 200
 
         _wait(healthy, "kube-apiserver", timeout=120, proc=api, log=f"{d}/kube-apiserver.log")
+
+    def start_controller_manager(self) -> None:
+        """What a DaemonSet and pods need of kube-controller-manager; not the node lifecycle controller, which
+        would taint the node NotReady: with no CNI plugin the runtime's network is never ready (every pod of
+        the node tiers is hostNetwork)."""
+        d = self.dir
+        proc = self._spawn("kube-controller-manager", [
+            f"{self.bin}/kube-controller-manager", f"--kubeconfig={self.kubeconfig()}",
+            "--controllers=daemonset-controller,serviceaccount-controller,serviceaccount-token-controller,"
+            "root-ca-certificate-publisher-controller,garbage-collector-controller,pod-garbage-collector-controller,"
+            "namespace-controller",
+            f"--root-ca-file={d}/certs/apiserver.crt", f"--service-account-private-key-file={d}/sa.key",
+            "--leader-elect=false", f"--secure-port={free_port()}", "--bind-address=127.0.0.1", "--v=1"])
+        _wait(lambda: "Started controller" in _tail(f"{d}/kube-controller-manager.log", 400)
+              or "Starting controller" in _tail(f"{d}/kube-controller-manager.log", 400),
+              "kube-controller-manager", timeout=60, proc=proc, log=f"{d}/kube-controller-manager.log")
+
+    def start_default_scheduler(self) -> None:
+        """The default kube-scheduler, as shipped."""
+        d = self.dir
+        with open(f"{d}/default-scheduler.yaml", "w") as handle:
+            handle.write("apiVersion: kubescheduler.config.k8s.io/v1\nkind: KubeSchedulerConfiguration\n"
+                         f"clientConnection: {{kubeconfig: {self.kubeconfig()}}}\nleaderElection: {{leaderElect: false}}\n")
+        proc = self._spawn("kube-scheduler", [f"{self.bin}/kube-scheduler", f"--config={d}/default-scheduler.yaml",
+                                              f"--secure-port={free_port()}", "--bind-address=127.0.0.1"])
+        _wait(lambda: "Starting Kubernetes Scheduler" in _tail(f"{d}/kube-scheduler.log", 200), "kube-scheduler",
+              timeout=60, proc=proc, log=f"{d}/kube-scheduler.log")
 
     def stop_apiserver(self) -> None:
         terminate(self.procs.pop("kube-apiserver", None))

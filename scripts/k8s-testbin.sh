@@ -56,7 +56,11 @@ gomod="$(GOFLAGS=-mod=mod go mod download -json "k8s.io/kubernetes@v$K8S_VERSION
 go mod tidy >/dev/null
 for bin in $missing; do
     echo "k8s-testbin: building $bin"
-    go build -trimpath -o "$DEST/$bin.tmp" "k8s.io/kubernetes/cmd/$bin"
+    # the version each reports (kubelet --version, the Node's kubeletVersion), as a release build stamps it
+    go build -trimpath -ldflags "-X k8s.io/component-base/version.gitVersion=v$K8S_VERSION \
+        -X k8s.io/component-base/version.gitMajor=${K8S_VERSION%%.*} \
+        -X k8s.io/component-base/version.gitMinor=$(echo "$K8S_VERSION" | cut -d. -f2) \
+        -X k8s.io/component-base/version.gitTreeState=clean" -o "$DEST/$bin.tmp" "k8s.io/kubernetes/cmd/$bin"
     mv "$DEST/$bin.tmp" "$DEST/$bin"
 done
 

@@ -11,6 +11,11 @@
 #   TIDAL_VM_ACCEL=tcg|kvm|auto   as make test-cgroup2 (auto: what its KVM probe remembered, else tcg)
 #   PYTEST_ARGS="-k ..."          passed to pytest inside the VM
 #   TIDAL_VM_KEEP=1               keep the output directory (console, journal) and say where it is
+#   TIDAL_VM_KUBE=1               make test-systemd-kubelet: no make install; a kubelet (K8S_VERSION, 1.35.4 by
+#                                 default) with the systemd cgroup driver and containerd 2.x with NRI run as
+#                                 systemd units in the VM against a control plane on this host
+#                                 (tests/systemd/kubeplane.py, over qemu's user network), and
+#                                 tests/systemd/test_kubelet.py installs Tidal's chart there (pytest -m kubelet)
 set -eu
 cd "$(dirname "$0")/.."
 REPO="$(pwd)"
@@ -124,8 +129,26 @@ TIER
     for old in "$CACHE"/systemd-vm/*; do [ "$old" = "$VMDIR" ] || rm -rf "$old"; done
 fi
 
+KUBE="${TIDAL_VM_KUBE:-0}"
+if [ "$KUBE" = 1 ]; then
+    # the node's parts, built and cached as the node tier's are: the kubelet and the plane at one version
+    K8S_VERSION="${K8S_VERSION:-1.35.4}"
+    KBIN="$CACHE/k8s-testbin/v$K8S_VERSION"
+    K8S_VERSION="$K8S_VERSION" TIDAL_K8S_TESTBIN="$KBIN" sh scripts/k8s-testbin.sh >&2
+    sh scripts/node-testbin.sh >&2
+    NBIN="$CACHE/node-testbin/containerd-v${CONTAINERD_VERSION:-2.2.9}"
+    HELM="$(sh scripts/helm.sh)"
+    sh scripts/image.sh >&2  # from this checkout, as make image in CI
+fi
+
 OUT="$(mktemp -d /tmp/tidal-systemd-vm.XXXXXX)"
-if [ "${TIDAL_VM_KEEP:-0}" = 1 ]; then say "output in $OUT"; else trap 'rm -rf "$OUT"' EXIT; fi
+PLANE=""
+cleanup() {
+    if [ -n "$PLANE" ]; then kill "$PLANE" 2>/dev/null; wait "$PLANE" 2>/dev/null || true; fi
+    [ "${TIDAL_VM_KEEP:-0}" = 1 ] || rm -rf "$OUT"
+}
+trap cleanup EXIT
+if [ "${TIDAL_VM_KEEP:-0}" = 1 ]; then say "output in $OUT"; fi
 # the files make install copies: what git tracks and what it does not ignore (the checkout as a user has it)
 git ls-files -co --exclude-standard > "$OUT/files"
 cat > "$OUT/tier.sh" <<EOF
@@ -135,6 +158,19 @@ mount -t 9p -o trans=virtio,version=9p2000.L,msize=262144,ro repo "$REPO"
 mount -t 9p -o trans=virtio,version=9p2000.L,msize=262144,ro wheels /mnt/wheels
 echo "kernel: \$(uname -r); pid 1: \$(cat /proc/1/comm) \$(systemctl --version | head -1); /sys/fs/cgroup: \$(stat -f -c %T /sys/fs/cgroup); cpus: \$(nproc)"
 if awk '\$3 == "cgroup" { found = 1 } END { exit !found }' /proc/self/mounts; then echo "a cgroup v1 hierarchy is mounted: not a pure v2 host"; exit 3; fi
+export PYTHONDONTWRITEBYTECODE=1
+if [ "$KUBE" = 1 ]; then
+    # the node's network: qemu's user network, its host (this machine's loopback) at 10.0.2.1
+    dev="\$(ls /sys/class/net | grep -v '^lo\$' | head -1)"
+    ip link set lo up; ip link set "\$dev" up
+    ip addr add 10.0.2.15/24 dev "\$dev"; ip route add default via 10.0.2.1
+    mkdir -p /mnt/kbin /mnt/nbin /mnt/helm
+    for tag in kbin nbin helm; do mount -t 9p -o trans=virtio,version=9p2000.L,msize=262144,ro \$tag /mnt/\$tag; done
+    cd "$REPO"
+    systemctl set-property --runtime tidal-tier.service AllowedCPUs=0 CPUQuota=200%
+    TIDAL_KUBELET_HOLD=${TIDAL_KUBELET_HOLD:-180} TIDAL_KUBECONFIG=/mnt/out/kubeconfig /opt/tidal-test/bin/python -m pytest -p no:cacheprovider --confcutdir=tests/systemd -m kubelet -rsP -s tests/systemd/test_kubelet.py ${PYTEST_ARGS:-}
+    exit \$?
+fi
 # Tidal as the README installs it: make install from the checkout (a copy: the build writes in it),
 # the dependencies from the wheelhouse (PIP_NO_INDEX: nothing reaches a network)
 mkdir -p /root/tidal
@@ -145,7 +181,6 @@ if ! (cd /root/tidal && PIP_NO_INDEX=1 PIP_FIND_LINKS=/mnt/wheels make install >
 fi
 echo "make install: \$(( \$(date +%s) - start )) s; \$(tail -1 /mnt/out/install.log)"
 cd "$REPO"
-export PYTHONDONTWRITEBYTECODE=1
 # the harness is the node's system work: it runs on the reserved cpu (0, Tidal's default), off the shared
 # pool whose idle the agent measures (under emulation its polling would leave no reclaimed capacity)
 # CPUQuota: two cpus' worth on one cpu, bounding nothing. Under emulation (TCG) a kernel that flips a static key
@@ -157,10 +192,24 @@ systemctl set-property --runtime tidal-tier.service AllowedCPUs=0 CPUQuota=200%
 /opt/tidal-test/bin/python -m pytest -p no:cacheprovider --confcutdir=tests/systemd -m systemd -rsP tests/systemd ${PYTEST_ARGS:-}
 EOF
 
+vm_memory=2G nic="-nic none" shares=""
+if [ "$KUBE" = 1 ]; then
+    # the control plane on this host; the VM's kubelet, containerd, Tidal's pod and the tier's pods in 4 GiB
+    .venv/bin/python -m tests.systemd.kubeplane "$KBIN" "$OUT" > "$OUT/kubeplane.log" 2>&1 &
+    PLANE=$!
+    for _ in $(seq 240); do [ -f "$OUT/kubeconfig" ] || ! kill -0 "$PLANE" 2>/dev/null && break; sleep 0.5; done
+    [ -f "$OUT/kubeconfig" ] || { say "the control plane did not start:"; cat "$OUT/kubeplane.log" >&2; exit 1; }
+    vm_memory=4G
+    nic="-nic user,model=virtio-net-pci,net=10.0.2.0/24,host=10.0.2.1"
+    shares="-virtfs local,path=$KBIN,mount_tag=kbin,security_model=none,readonly=on
+            -virtfs local,path=$NBIN,mount_tag=nbin,security_model=none,readonly=on
+            -virtfs local,path=$(dirname "$HELM"),mount_tag=helm,security_model=none,readonly=on"
+fi
+
 ACCEL="${TIDAL_VM_ACCEL:-auto}"
 if [ "$ACCEL" = auto ]; then ACCEL="$(cat "$CACHE/vm-accel" 2>/dev/null || echo tcg)"; fi
 case "$ACCEL" in kvm) accel="-accel kvm -cpu host";; tcg) accel="-accel tcg";; *) say "TIDAL_VM_ACCEL: tcg, kvm or auto"; exit 2;; esac
-say "booting $version ($ACCEL) with systemd as PID 1, 6 vCPUs (3 cores of 2 SMT threads) and 2 GiB"
+say "booting $version ($ACCEL) with systemd as PID 1, 6 vCPUs (3 cores of 2 SMT threads) and $vm_memory of memory"
 start=$(date +%s)
 # tsc=reliable: emulated vCPUs all busy (the foreign-load bench) leave the clocksource watchdog's reads
 # hundreds of ms apart; it then calls the TSC skewed (666 us over 480 ms) and marks it unstable, which flips
@@ -170,14 +219,14 @@ start=$(date +%s)
 boot() {
     # shellcheck disable=SC2086
     # SMT, as the nodes users run: what reclaimed work may not share with a dedicated cpu is a sibling thread
-    timeout 2400 qemu-system-x86_64 $accel -smp 6,sockets=1,cores=3,threads=2 -m 2G -nographic -vga none -no-reboot -snapshot \
+    timeout 2400 qemu-system-x86_64 $accel -smp 6,sockets=1,cores=3,threads=2 -m $vm_memory -nographic -vga none -no-reboot -snapshot \
         -kernel "$tree/boot/vmlinuz-$version" -initrd "$VMDIR/initrd.img" \
         -append "root=/dev/vda rw console=ttyS0 panic=-1 systemd.unified_cgroup_hierarchy=1 cgroup_no_v1=all tsc=reliable" \
         -drive "file=$IMAGE,if=virtio,format=raw" \
         -virtfs "local,path=$REPO,mount_tag=repo,security_model=none,readonly=on" \
         -virtfs "local,path=$WHEELS,mount_tag=wheels,security_model=none,readonly=on" \
-        -virtfs "local,path=$OUT,mount_tag=out,security_model=none" \
-        -nic none > "$OUT/console" 2>&1 || true
+        -virtfs "local,path=$OUT,mount_tag=out,security_model=none" $shares \
+        $nic > "$OUT/console" 2>&1 || true
 }
 boot
 # emulation has oopsed in the kernel's first seconds (an int3 in a timer softirq, once in the first six boots here:
@@ -195,8 +244,13 @@ fi
 cat "$OUT/log"
 rc="$(cat "$OUT/rc")"
 if [ "$rc" != 0 ] && [ -f "$OUT/journal" ]; then
-    say "the tier failed; the VM's journal for tidal.service:"
-    grep -E "tidal(\.service|\[)" "$OUT/journal" | tail -60 >&2
+    if [ "$KUBE" = 1 ]; then
+        say "the tier failed; the VM's journal for containerd and the kubelet:"
+        grep -E "(containerd|kubelet)(\.service|\[)" "$OUT/journal" | tail -60 >&2
+    else
+        say "the tier failed; the VM's journal for tidal.service:"
+        grep -E "tidal(\.service|\[)" "$OUT/journal" | tail -60 >&2
+    fi
 fi
 say "exit $rc after $(( $(date +%s) - start )) s"
 if [ "$rc" = 0 ] && grep -q "^SKIPPED" "$OUT/log"; then

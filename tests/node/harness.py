@@ -150,8 +150,8 @@ class RealNode:
         self.plane.start()
         self.dir = self.plane.dir
         self.kubeconfig = self.plane.kubeconfig()
-        self._controller_manager()
-        self._scheduler()
+        self.plane.start_controller_manager()
+        self.plane.start_default_scheduler()
         self._containerd()
         self._import(pause_archive(self.node_bin), PAUSE_IMAGE)
         self._import(os.path.join(self.node_bin, "busybox.oci.tar"), BUSYBOX_IMAGE)
@@ -167,31 +167,6 @@ class RealNode:
         log.close()
         self.plane.procs[name] = proc
         return proc
-
-    def _controller_manager(self) -> None:
-        d = self.dir
-        proc = self._spawn("kube-controller-manager", [
-            f"{self.k8s_bin}/kube-controller-manager", f"--kubeconfig={self.kubeconfig}",
-            # what a DaemonSet and pods need; not the node lifecycle controller, which would taint the node
-            # NotReady: with no CNI plugin the runtime's network is never ready (every pod here is hostNetwork)
-            "--controllers=daemonset-controller,serviceaccount-controller,serviceaccount-token-controller,"
-            "root-ca-certificate-publisher-controller,garbage-collector-controller,pod-garbage-collector-controller,"
-            "namespace-controller",
-            f"--root-ca-file={d}/certs/apiserver.crt", f"--service-account-private-key-file={d}/sa.key",
-            "--leader-elect=false", f"--secure-port={free_port()}", "--bind-address=127.0.0.1", "--v=1"])
-        _wait(lambda: "Started controller" in _tail(f"{d}/kube-controller-manager.log", 400)
-              or "Starting controller" in _tail(f"{d}/kube-controller-manager.log", 400),
-              "kube-controller-manager", timeout=60, proc=proc, log=f"{d}/kube-controller-manager.log")
-
-    def _scheduler(self) -> None:
-        d = self.dir
-        with open(f"{d}/default-scheduler.yaml", "w") as handle:
-            handle.write("apiVersion: kubescheduler.config.k8s.io/v1\nkind: KubeSchedulerConfiguration\n"
-                         f"clientConnection: {{kubeconfig: {self.kubeconfig}}}\nleaderElection: {{leaderElect: false}}\n")
-        proc = self._spawn("kube-scheduler", [f"{self.k8s_bin}/kube-scheduler", f"--config={d}/default-scheduler.yaml",
-                                              f"--secure-port={free_port()}", "--bind-address=127.0.0.1"])
-        _wait(lambda: "Starting Kubernetes Scheduler" in _tail(f"{d}/kube-scheduler.log", 200), "kube-scheduler",
-              timeout=60, proc=proc, log=f"{d}/kube-scheduler.log")
 
     @property
     def containerd_socket(self) -> str:
