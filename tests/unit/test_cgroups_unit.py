@@ -440,6 +440,31 @@ def test_a_reclaimed_pod_in_the_kubelets_cgroups_is_capped_at_the_reclaimed_capa
         assert (specs[path].get("cpu_idle"), specs[path].get("cpu_shares")) == ((1, None) if cpu_idle else (None, 2))
 
 
+def test_under_the_systemd_driver_a_containers_scope_gets_its_cpus_and_the_pods_slice_the_rest():
+    """Found by make test-systemd-kubelet: Tidal's cpu.idle and weight on a reclaimed container's
+    systemd scope were undone by systemd (the runtime updating the unit) and repaired by Tidal in turn,
+    3 times in 180 s. The scope keeps the cpuset (the value the runtime gave the unit too); the idleness,
+    quota and memory protection go on the pod's slice only, for the whole subtree."""
+    state = state_of({"name": "default.batch", "qos": "reclaimed_cores", "millicpu": 500, "tier": "low"},
+                     {"name": "default.web", "qos": "shared_cores", "millicpu": 500})
+    pod = "kubepods.slice/kubepods-burstable.slice/kubepods-burstable-poduid.slice"
+    web = "kubepods.slice/kubepods-burstable.slice/kubepods-burstable-podweb.slice"
+    placements = {"default.batch": [pod, f"{pod}/cri-containerd-c0ffee.scope"],
+                  "default.web": [web, f"{web}/cri-containerd-beef.scope"]}
+    specs = {s.path: s.knobs for s in desired_tree(TOPO, state, pools(TOPO, state), CgroupOptions(),
+                                                   {"cpu.idle": True, "memory": True}, placements=placements)}
+    assert specs[pod]["cpu_idle"] == 1 and specs[pod]["cpu_max"] == specs["tidal/reclaimed"]["cpu_max"]
+    for path in (f"{pod}/cri-containerd-c0ffee.scope", f"{web}/cri-containerd-beef.scope"):
+        assert set(specs[path]) == {"cpus", "mems"}, (path, specs[path])
+    assert specs[f"{pod}/cri-containerd-c0ffee.scope"]["cpus"] == specs[pod]["cpus"]
+    # the cgroupfs driver's container cgroups are no unit: Tidal's values there as before
+    flat = {s.path: s.knobs for s in desired_tree(TOPO, state, pools(TOPO, state), CgroupOptions(),
+                                                  {"cpu.idle": True}, placements={
+                                                      "default.batch": ["kubepods/besteffort/poduid",
+                                                                        "kubepods/besteffort/poduid/c0ffee"]})}
+    assert flat["kubepods/besteffort/poduid/c0ffee"]["cpu_idle"] == 1
+
+
 class _CountingReads(RecordingCgroups):
     """The in-memory tree, noting each file read."""
 

@@ -122,6 +122,21 @@ def protection_sums(leaves) -> Dict[str, int]:
     return sums
 
 
+def systemd_scope(path: str) -> bool:
+    """A container's cgroup that is a systemd unit (the kubelet's systemd driver: ``cri-containerd-<id>.scope``)."""
+    return path.rsplit("/", 1)[-1].endswith(".scope")
+
+
+def placement_only(knobs: Mapping[str, object]) -> Dict[str, object]:
+    """What Tidal writes of a container's systemd scope: its cpus and mems, the values the NRI plugin handed
+    the runtime (runc gave the unit the same: systemd writes back what Tidal wrote). Its weight, idleness,
+    quota and memory protection are the unit's: systemd writes them again whenever the runtime updates the
+    unit, and a Tidal value there was undone and repaired in turn (3 times in 180 s of reloads and restarts,
+    make test-systemd-kubelet). The pod's slice above carries Tidal's: cgroup v2 holds them for the whole
+    subtree (memory.low through the memory_recursiveprot that systemd mounts with)."""
+    return {k: v for k, v in knobs.items() if k in ("cpus", "mems")}
+
+
 def pod_weight(given: Assignment, features: Mapping[str, bool]) -> Dict[str, object]:
     """What the Reconciler writes of a pod's cpu priority: a reclaimed pod's idleness (``cpu.idle``, or the
     lowest weight where the kernel has none); any other pod's weight is the kubelet's. The NRI plugin
@@ -241,7 +256,8 @@ def desired_tree(topo: Topology, state: State, pools: Pools, options: CgroupOpti
                 pod_own["io_max"] = reclaimed_parent["io_max"]  # the same block io limits as the tree
             # a pod's own cgroup is measured (services.protection); its containers below take their share
             external += [CgroupSpec(path, {**knobs, **(pod_own if i == 0 else {}),
-                                           **(protected(path) if i == 0 else shielded(alloc, path))},
+                                           **(protected(path) if i == 0 else shielded(alloc, path))}
+                                    if i == 0 or not systemd_scope(path) else placement_only(knobs),
                                     alloc.name, external=True) for i, path in enumerate(paths or ())]
             continue
         if given.cpu_shares is not None:
