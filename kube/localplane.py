@@ -181,12 +181,14 @@ class ControlPlane:
     def stop_apiserver(self) -> None:
         terminate(self.procs.pop("kube-apiserver", None))
 
-    def kubeconfig(self) -> str:
-        path = f"{self.dir}/kubeconfig"
+    def kubeconfig(self, server: Optional[str] = None, path: Optional[str] = None) -> str:
+        """The admin's kubeconfig (at ``path``, by default in the plane's directory), for ``server`` where
+        the reader reaches the API server elsewhere than at its own address (a VM)."""
+        path = path or f"{self.dir}/kubeconfig"
         with open(path, "w") as handle:
             handle.write(f"""apiVersion: v1
 kind: Config
-clusters: [{{name: e2e, cluster: {{server: "{self.url}", insecure-skip-tls-verify: true}}}}]
+clusters: [{{name: e2e, cluster: {{server: "{server or self.url}", insecure-skip-tls-verify: true}}}}]
 users: [{{name: admin, user: {{token: {TOKEN}}}}}]
 contexts: [{{name: e2e, context: {{cluster: e2e, user: admin}}}}]
 current-context: e2e

@@ -22,6 +22,9 @@ class OfflineCgroup:
             self.dirs = [f"{mounts.mounts['']}/{name}"]
         else:
             self.dirs = sorted({f"{mounts.mounts[c]}/{name}" for c in ("cpuacct", "memory") if c in mounts.mounts})
+        # what remove() takes away: the agent makes the name in the other hierarchies it writes (v1's cpu,
+        # where cpu.idle is, when a process first joins), and they stayed behind after every YARN run
+        self.everywhere = sorted({f"{m}/{name}" for m in mounts.mounts.values()})
         for path in self.dirs:
             os.makedirs(path, exist_ok=True)
 
@@ -31,7 +34,7 @@ class OfflineCgroup:
         return ["sh", "-c", f'{joins}; exec "$@"', "sh", *argv]
 
     def remove(self) -> None:
-        for path in self.dirs:
+        for path in self.everywhere:
             for _ in range(50):
                 try:
                     os.rmdir(path)

@@ -20,7 +20,7 @@ import signal
 import sys
 import time
 
-from kube.localplane import TOKEN, ControlPlane
+from kube.localplane import ControlPlane
 
 VM_HOST = "10.0.2.1"
 SERVICE_CIDR = "10.0.2.0/24"
@@ -35,15 +35,7 @@ def main(k8s_bin: str, out: str) -> int:
         plane.start()
         plane.start_controller_manager()
         plane.start_default_scheduler()
-        tmp = os.path.join(out, "kubeconfig.tmp")
-        with open(tmp, "w") as handle:
-            handle.write(f"""apiVersion: v1
-kind: Config
-clusters: [{{name: vm, cluster: {{server: "https://{VM_HOST}:443", insecure-skip-tls-verify: true}}}}]
-users: [{{name: admin, user: {{token: {TOKEN}}}}}]
-contexts: [{{name: vm, context: {{cluster: vm, user: admin}}}}]
-current-context: vm
-""")
+        tmp = plane.kubeconfig(server=f"https://{VM_HOST}:443", path=os.path.join(out, "kubeconfig.tmp"))
         os.rename(tmp, os.path.join(out, "kubeconfig"))
         print("kubeplane: serving on 127.0.0.1:443 (the VM's https://10.0.2.1)", flush=True)
         while not stopping:

@@ -312,9 +312,15 @@ def test_the_kubelet_runs_with_the_systemd_driver_on_pure_v2(node):
 BEFORE = {}
 
 
+def millicpu(quantity):
+    text = str(quantity)
+    return int(text[:-1]) if text.endswith("m") else int(float(text) * 1000)
+
+
 def nrt_available():
+    """The report's available cpu, in millicpu (reclaimed capacity makes it fractional: "2800m")."""
     report = get("noderesourcetopologies", NODE)
-    return sum(int(r["available"]) for z in report["zones"] for r in z["resources"] if r["name"] == "cpu")
+    return sum(millicpu(r["available"]) for z in report["zones"] for r in z["resources"] if r["name"] == "cpu")
 
 
 def knobs(pid):
@@ -322,7 +328,7 @@ def knobs(pid):
     scope = f"{CGROUP}{cgroup_of(pid)}"
     found = {}
     for directory in (scope, os.path.dirname(scope)):
-        for knob in ("cpuset.cpus", "cpu.weight", "cpu.idle", "cpu.max"):
+        for knob in ("cpuset.cpus", "cpu.weight", "cpu.idle", "cpu.max", "memory.low", "memory.min", "memory.high"):
             if os.path.exists(f"{directory}/{knob}"):
                 found[f"{directory[len(CGROUP):]}/{knob}"] = read(f"{directory}/{knob}")
     return found
@@ -345,15 +351,24 @@ def test_pods_by_qos_through_restarts_and_reloads_with_no_value_rewritten_back(n
     wait_for(lambda: allowed(shared) == shared_pool, f"the shared pod on the shared pool {sorted(shared_pool)}",
              timeout=60)
     assert not shared_pool & mine
-    wait_for(lambda: agent("/v1/capacity")["reclaimed"]["millicpu"] >= 200, "reclaimed capacity", timeout=240,
-             interval=2)
+    # reclaimed work is admitted on what online leaves idle: the peak of the last 5 minutes, as shipped. The
+    # node's own start (image imports, the kubelet, containerd and the agent starting under emulation, on every
+    # cpu) is in that window at first; it leaves it 5 minutes after
+    try:
+        wait_for(lambda: agent("/v1/capacity")["reclaimed"]["millicpu"] >= 200, "reclaimed capacity", timeout=420,
+                 interval=2)
+    except AssertionError:
+        print("capacity:", agent("/v1/capacity"))
+        raise
     batch = run_pod("batch", "100m", limits=False,
                     annotations={"tidal.io/qos-level": "reclaimed_cores", "tidal.io/tier": "low"})
     batch_slice = os.path.dirname(f"{CGROUP}{cgroup_of(batch)}")
     wait_for(lambda: read(f"{batch_slice}/cpu.idle") == "1" and read(f"{batch_slice}/cpu.max").split()[0] != "max",
              "the reclaimed pod at cpu.idle under a quota", timeout=60)
     assert not allowed(batch) & mine, "reclaimed work on the dedicated cpu"
-    wait_for(lambda: nrt_available() == BEFORE["nrt"] - 1, "the report counting the dedicated cpu", timeout=60)
+    # the report: less the dedicated cpu and the shared pod's request (reclaimed work takes none of it)
+    wait_for(lambda: nrt_available() == BEFORE["nrt"] - 1000 - 200, "the report counting the dedicated cpu and "
+             "the shared request", timeout=60)
 
     pids = {"dedicated": dedicated, "shared": shared, "batch": batch}
     history = {}  # (pod, knob) -> the distinct values in the order seen
@@ -414,5 +429,5 @@ def test_deleting_the_pods_frees_their_cpus_in_the_agent_and_the_report(node):
              timeout=60)
     status = agent("/v1/status")
     assert not status["pools"]["dedicated"], status["pools"]
-    wait_for(lambda: nrt_available() == BEFORE["nrt"], f"the report's {BEFORE['nrt']} cpus available again",
+    wait_for(lambda: nrt_available() == BEFORE["nrt"], f"the report's {BEFORE['nrt']} millicpu available again",
              timeout=60)
