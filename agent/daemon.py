@@ -338,11 +338,17 @@ class Agent:
 
     def _build_services(self) -> None:
         cfg, owner = self.config, self.owner
+        units = None
+        if isinstance(self.driver, KernelCgroups) and self.driver.version == 2 and os.path.abspath(cfg.root) == "/":
+            # the kubelet's systemd driver makes its pods' cgroups systemd units: Tidal's values there are asked
+            # of systemd too (its bus is reached at the first such value; a host without one never dials it)
+            from agent.isolation.systemd import UnitProperties
+            units = UnitProperties()
         self.enforcement = Enforcement(owner, self.driver, cfg.cgroup_base, cfg.cgroup_options, cfg.state_dir,
                                        cfg.drift_check_period, self.counters, limits=lambda: self.harvest.limits(),
                                        protection=lambda: self.harvest.protection.current(),
                                        confined=lambda: self.harvest.confined(),
-                                       io_limits=lambda: self.harvest.io_guard.knob())
+                                       io_limits=lambda: self.harvest.io_guard.knob(), units=units)
         self.usage = Usage(owner, self.enforcement, cfg)
         protection = MemoryProtection(self.enforcement, self.usage.online_cgroups)
         self.harvest = Harvest(owner, self.enforcement, self.lending, cfg, self.counters,

@@ -32,13 +32,15 @@ class Enforcement:
                  drift_check_period: float, counters: Dict[str, int],
                  limits: Callable[[], Tuple[Optional[int], Optional[int], Optional[int]]],
                  protection: Callable[[], Tuple[Tuple[str, int], ...]] = tuple,
-                 confined: Callable[[], frozenset] = frozenset, io_limits: Callable[[], tuple] = tuple) -> None:
+                 confined: Callable[[], frozenset] = frozenset, io_limits: Callable[[], tuple] = tuple,
+                 units=None) -> None:
         """``limits()``: the reclaimed parent's (cpu cap millicpu, memory max bytes, memory high bytes or
         ``None`` for the default) now;
         ``protection()``: the online trees' ``memory.low`` now, ``((tree, bytes), ...)``;
         ``confined()``: the reclaimed workloads kept off online's idle cpus now (``services.kernel_work``);
         ``io_limits()``: offline's block io limits now, ``((device, read_bps, write_bps), ...)``
-        (``services.io_guard``)."""
+        (``services.io_guard``);
+        ``units``: systemd, asked to hold Tidal's values of the kubelet's units (``isolation.systemd``)."""
         self.owner = owner
         self.driver = driver
         self.membership = Membership(driver)  # moves and signals: isolation.membership
@@ -50,7 +52,8 @@ class Enforcement:
         self.io_limits = io_limits
         self.counters = counters
         self.limits = limits
-        self.reconciler = Reconciler(driver, base)
+        self.reconciler = Reconciler(driver, base, units=units)
+        self._unheld_said: Optional[str] = None  # why systemd could not hold values, as the log last said
         self.originals_path = os.path.join(state_dir, "originals.json")
         self.last_report: Optional[ReconcileReport] = None
         self._pending_said: Set[str] = set()  # removals the kernel refused that the log has named
@@ -137,6 +140,13 @@ class Enforcement:
             for path, pid in report.rejoined:
                 log.warning("pid %d was in %s in some hierarchies only (a move cut short): moved in all", pid, path)
             self.counters["membership_repairs"] = self.counters.get("membership_repairs", 0) + len(report.rejoined)
+            self.counters["unit_holds"] = self.counters.get("unit_holds", 0) + len(report.held)
+            reason = report.unheld[0][1] if report.unheld else None
+            if reason is not None and reason != self._unheld_said:
+                log.warning("systemd did not take the values of %d unit(s) (%s): their cgroup files hold them, and "
+                            "a daemon-reload puts the units' own back until it does (asked again every pass)",
+                            len({path for path, _ in report.unheld}), reason)
+            self._unheld_said = reason if report.unheld else None
             self.last_report = report
             if self.reconciler.originals:
                 self.save_originals()

@@ -107,3 +107,18 @@ def test_the_agent_sees_one_file_of_the_kubelets_and_the_plugin_one_directory_of
     assert volumes["config"]["configMap"]["name"] == configmap["metadata"]["name"]
     assert yaml.safe_load(configmap["data"]["agent.yaml"])["plugin-socket"] == "/run/tidal/plugin/plugin.sock"
     assert nri["command"][nri["command"].index("--agent-socket") + 1] == "/run/tidal/plugin/plugin.sock"
+
+
+def test_the_agent_sees_systemds_bus_read_only_and_nothing_else_of_run():
+    """systemd's bus directory, read-only (a unix socket's connect needs no write to the mount): the agent asks
+    systemd to hold its values of the kubelet's pod slices (isolation.systemd)."""
+    pod = next(spec for where, spec in _pods() if where == "agent-daemonset.yaml")
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    agent = next(c for c in pod["containers"] if c["name"] == "agent")
+    mounts = {m["name"]: m for m in agent["volumeMounts"]}
+    assert mounts["dbus"] == {"name": "dbus", "mountPath": "/run/dbus", "readOnly": True}
+    assert volumes["dbus"]["hostPath"] == {"path": "/run/dbus", "type": "DirectoryOrCreate"}
+    run = sorted(m["mountPath"] for m in agent["volumeMounts"] if m["mountPath"].startswith("/run"))
+    assert run == ["/run/dbus", "/run/tidal"], run
+    nri = next(c for c in pod["containers"] if c["name"] == "nri")
+    assert "dbus" not in {m["name"] for m in nri["volumeMounts"]}

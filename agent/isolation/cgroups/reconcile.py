@@ -27,6 +27,13 @@ restores exactly what was found. Such ``external`` cgroups are never created
 or removed here: they are written once their owner made them (checked every
 pass, so a pod cgroup the kubelet makes later is written within one period),
 and forgotten (last values, originals) once they are no longer wanted or gone.
+
+Such a cgroup that is a systemd unit (the kubelet's systemd driver: a pod's slice, the QoS classes'
+slices) on cgroup v2 gets each value Tidal writes as the unit's runtime property too (``units``:
+``isolation.systemd.UnitProperties``): systemd writes every unit's properties to its cgroup again at
+``daemon-reload``, and a value held only in the file went back to the unit's, to be repaired by Tidal in
+turn. The unit's properties before Tidal's first are kept with the files' originals and given back on
+revert. One that systemd could not take (its bus unreachable) is asked again on later passes.
 """
 
 from __future__ import annotations
@@ -39,12 +46,14 @@ from agent.isolation.cgroups.desired import CgroupSpec
 from agent.isolation.cgroups.detect import CgroupError
 from agent.isolation.cgroups.driver import CgroupDriver
 from agent.isolation.cgroups.knobs import files_for, line_writes, normalize, satisfied
+from agent.isolation.systemd import SystemdError, cgroup_properties, is_unit
 from agent.topology.parse import format_cpulist, parse_cpulist
 
 Key = Tuple[str, str, str]  # (path, controller, file)
 CPUSET_KNOBS = ("cpus", "mems", "cpus_exclusive")
 REMOVAL_GRACE_S = 10.0  # a removal the kernel refuses is pending this long before it is a failure
 PARTITION_FILES = ("cpuset.cpus.exclusive", "cpuset.cpus.partition")
+SYSTEMD = "systemd"  # the "controller" of a unit property's original: (path, SYSTEMD, property)
 
 
 @dataclass
@@ -58,6 +67,8 @@ class ReconcileReport:
     rejoined: List[Tuple[str, int]] = field(default_factory=list)  # (path, pid) made whole across hierarchies
     partitions_refused: List[Tuple[str, str]] = field(default_factory=list)  # (path, the kernel's reason)
     reenabled: List[str] = field(default_factory=list)  # v2 "parent:controller" someone had taken away
+    held: List[Tuple[str, str, str]] = field(default_factory=list)  # (unit's cgroup, property, value) systemd holds
+    unheld: List[Tuple[str, str]] = field(default_factory=list)  # (unit's cgroup, why systemd could not hold it)
 
     @property
     def ok(self) -> bool:
@@ -80,8 +91,12 @@ def _union(a: Optional[str], b: str) -> str:
 
 class Reconciler:
     def __init__(self, driver: CgroupDriver, base: str, managed_roots: Iterable[str] = (),
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, units=None) -> None:
+        """``units``: an ``isolation.systemd.UnitProperties`` where systemd may own some of others' cgroups
+        (``None``: files only)."""
         self.driver = driver
+        self.units = units
+        self._to_hold: Dict[Tuple[str, str], str] = {}  # (unit's cgroup, file) -> a value systemd did not take yet
         self.clock = clock
         self.refused_since: Dict[str, float] = {}  # cgroups whose removal the kernel refused, since when
         self.base = base
@@ -144,6 +159,27 @@ class Reconciler:
             if key in self._drifted:
                 report.repaired.append((path, file, self._drifted[key], text))
             self.last[key] = text
+            self._hold(report, path, file, text)
+
+    def _hold(self, report: ReconcileReport, path: str, file: str, text: str) -> None:
+        """A value Tidal wrote to another's cgroup that is a systemd unit: systemd holds it as the unit's."""
+        if self.units is None or self.driver.version != 2 or self._ours(path):
+            return
+        unit = path.rsplit("/", 1)[-1]
+        values = cgroup_properties(file, text) if is_unit(unit) else []
+        if not values:
+            return
+        saved = [key[2] for key in self.originals if key[0] == path and key[1] == SYSTEMD]
+        try:
+            before = self.units.hold(unit, values, saved)
+        except SystemdError as exc:
+            self._to_hold[(path, file)] = text
+            report.unheld.append((path, str(exc)))
+            return
+        self._to_hold.pop((path, file), None)
+        for name, value in before.items():
+            self.originals[(path, SYSTEMD, name)] = str(value)
+        report.held += [(path, name, str(value)) for name, value in values]
 
     def _put(self, controller: str, path: str, file: str, actual: Optional[str], text: str) -> List[str]:
         """Write ``text`` over ``actual``: one write, or one per line that differs in a file of lines
@@ -337,6 +373,12 @@ class Reconciler:
                 for controller, file, text in files_for(version, knob, value):
                     self._write(report, spec.path, controller, file, text)
         self._check_partitions(report, specs)
+        # values systemd could not take before (its bus was away): asked again while still wanted
+        for (path, file), text in list(self._to_hold.items()):
+            if self.last.get((path, "", file)) == text and path in wanted:
+                self._hold(report, path, file, text)
+            elif path not in wanted:
+                del self._to_hold[(path, file)]
         return report
 
     def _quota(self, path: str) -> Optional[int]:
@@ -404,7 +446,11 @@ class Reconciler:
         if not gone:
             self._remove(report, self.base)
         # sorted: a parent before its children, so an "as the parent" original below reads it restored
+        properties: Dict[str, List[Tuple[str, int]]] = {}
         for (path, controller, file), original in sorted(self.originals.items()):
+            if controller == SYSTEMD:  # a unit's property: given back after its files (below)
+                properties.setdefault(path, []).append((file, int(original)))
+                continue
             if original is None:
                 continue
             text = original.strip()
@@ -416,6 +462,15 @@ class Reconciler:
                 report.written.append((path, file, text))
             except CgroupError as exc:
                 report.failed.append((path, file, str(exc)))
+        for path, values in properties.items():
+            if self.units is None or not self.driver.exists(path):
+                continue  # the unit is gone (its pod ended), or this agent cannot reach systemd: nothing to give back
+            try:
+                self.units.restore(path.rsplit("/", 1)[-1], values)
+                report.held += [(path, name, str(value)) for name, value in values]
+            except SystemdError as exc:
+                report.failed.append((path, SYSTEMD, str(exc)))
+        self._to_hold.clear()
         # the tree goes now or not at all: a removal the kernel refuses here is a failure, said as one
         report.failed.extend((path, "", reason) for path, reason in report.pending)
         report.pending = []
