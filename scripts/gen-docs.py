@@ -185,6 +185,8 @@ def chart_schema() -> str:
                 "nodeSelector": {"type": "object", "additionalProperties": {"type": "string"}},
                 "tolerations": {"type": "array", "items": {"type": "object"}},
                 "priorityClassName": {"type": "string"},
+                "systemdBus": {"type": "boolean", "description": "systemd's bus in the agent's pod: holds its values "
+                               "of the kubelet's pod slices (systemd cgroup driver)"},
                 "resources": resources,
                 "nri": obj({"enabled": {"type": "boolean"}, "resources": resources}),
             }),

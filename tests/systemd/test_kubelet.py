@@ -8,6 +8,7 @@ What is read is what the kernel shows: each container's ``Cpus_allowed_list`` an
 tests run in file order, one node and one install carried through them.
 """
 import http.client
+import glob
 import json
 import os
 import shutil
@@ -417,16 +418,42 @@ def test_pods_by_qos_through_restarts_and_reloads_with_no_value_rewritten_back(n
     print(f"values that changed over {HOLD_SECONDS:.0f} s: {changes}; drift repaired by the first agent "
           f"{repairs_old_agent}, by its successor {repairs_new_agent}")
     assert not flips, f"values rewritten back and forth: {flips}"
+    # the new agent pod kept every pod as its workload (from the checkpoint: none released, none admitted anew)
+    assert pod_workloads(*pids) <= pods_held(), (sorted(pod_workloads(*pids) - pods_held()), agent_log())
     assert repairs_old_agent == 0 and repairs_new_agent == 0, (repairs_old_agent, repairs_new_agent)
     for name, pid in pids.items():
         assert allowed(pid) & reserved == set() or name == "batch", (name, sorted(allowed(pid)))
 
 
+def pods_held():
+    """The agent's workloads, by name (a pod's is ``pod/<uid>``)."""
+    return {w["name"] for w in agent("/v1/workloads")["workloads"]}
+
+
+def pod_workloads(*names):
+    return {f"pod/{get('pod', name)['metadata']['uid']}" for name in names}
+
+
+def agent_log(lines=150):
+    """The agent container's log as the kubelet keeps it on the node (the host's kubectl cannot reach the
+    node's kubelet by name)."""
+    found = sorted(glob.glob("/var/log/pods/tidal-system_tidal-agent-*/agent/*.log"), key=os.path.getmtime)
+    if not found:
+        return "(no agent log under /var/log/pods)"
+    with open(found[-1], errors="replace") as handle:
+        return "".join(handle.readlines()[-lines:])
+
+
 def test_deleting_the_pods_frees_their_cpus_in_the_agent_and_the_report(node):
-    before = len(agent("/v1/workloads")["workloads"])
+    mine = pod_workloads("dedicated", "shared", "batch")
+    assert mine <= pods_held(), (sorted(mine - pods_held()), agent_log())
     kubectl("delete", "pod", "dedicated", "shared", "batch", "--wait=true", "--timeout=120s")
-    wait_for(lambda: len(agent("/v1/workloads")["workloads"]) <= before - 3, "the agent releasing the pods",
-             timeout=60)
+    try:
+        wait_for(lambda: not pods_held() & mine, "the agent releasing the pods", timeout=60)
+    except AssertionError:
+        print("workloads:", sorted(pods_held()))
+        print(agent_log())
+        raise
     status = agent("/v1/status")
     assert not status["pools"]["dedicated"], status["pools"]
     wait_for(lambda: nrt_available() == BEFORE["nrt"], f"the report's {BEFORE['nrt']} millicpu available again",

@@ -173,3 +173,15 @@ def test_cgroup_v1_and_the_cgroupfs_driver_never_dial_systemd():
     spec = CgroupSpec("kubepods/besteffort/poduid", {"cpu_idle": 1}, "batch", external=True)
     assert Reconciler(flat, "tidal", units=UnitProperties(systemd)).apply([spec]).ok
     assert systemd.calls == []
+
+
+def test_a_saved_property_that_is_no_number_is_one_failure_and_the_rest_is_given_back():
+    driver, systemd = node()
+    reconciler = Reconciler(driver, "tidal", units=UnitProperties(systemd))
+    assert reconciler.apply(SPECS).ok
+    reconciler.originals[(POD, SYSTEMD, "MemoryHigh")] = "lots"  # a corrupt originals.json, adopted
+    report = reconciler.revert()
+    assert [(path, file) for path, file, _ in report.failed] == [(POD, SYSTEMD)]
+    assert "MemoryHigh" in report.failed[0][2]
+    assert systemd.units["kubepods-burstable-podweb.slice"] == kubelets_units()["kubepods-burstable-podweb.slice"]
+    assert systemd.units["kubepods-besteffort-poduid.slice"]["CPUWeight"] == 1

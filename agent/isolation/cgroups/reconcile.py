@@ -449,7 +449,10 @@ class Reconciler:
         properties: Dict[str, List[Tuple[str, int]]] = {}
         for (path, controller, file), original in sorted(self.originals.items()):
             if controller == SYSTEMD:  # a unit's property: given back after its files (below)
-                properties.setdefault(path, []).append((file, int(original)))
+                try:
+                    properties.setdefault(path, []).append((file, int(original or "")))
+                except ValueError:
+                    report.failed.append((path, SYSTEMD, f"{file}: a saved value {original!r} is no number"))
                 continue
             if original is None:
                 continue
