@@ -42,6 +42,10 @@ class SystemdError(TidalError):
     """systemd's bus could not be reached, or it refused a call (one line)."""
 
 
+class SystemdRefused(SystemdError):
+    """systemd answered, with an error (a unit that is gone, a value it does not take): that call alone failed."""
+
+
 def unit_type(unit: str) -> str:
     """``slice``, ``scope`` or ``service``; ValueError for any other name (Tidal sets no other unit's cpus)."""
     name, dot, kind = unit.rpartition(".")
@@ -125,7 +129,7 @@ class SystemdUnits:
         if reply.header.message_type == MessageType.error:
             name = reply.header.fields.get(HeaderFields.error_name, "error")
             text = reply.body[0] if reply.body and isinstance(reply.body[0], str) else ""
-            raise SystemdError(f"systemd refused {method}: {name}: {text}".rstrip(": "))
+            raise SystemdRefused(f"systemd refused {method}: {name}: {text}".rstrip(": "))
         return reply.body
 
     def close(self) -> None:
@@ -174,9 +178,10 @@ class SystemdUnits:
 
 class UnitProperties:
     """What the Reconciler asks of systemd for others' units: ``hold`` a cgroup file's value as the unit's
-    property (its value before, for revert, in the result), ``restore`` saved ones. After a failure (the bus
-    is gone, systemd refused) every call is refused for ``RETRY_S`` with the same ``SystemdError``: a pass of
-    the Reconciler never waits on a dead bus more than once."""
+    property (its value before, for revert, in the result), ``restore`` saved ones. After the bus failed
+    (unreachable, no answer in time) every call is refused for ``RETRY_S`` with the same ``SystemdError``: a
+    pass of the Reconciler never waits on a dead bus more than once. A refusal by systemd (a unit the kubelet
+    just removed) is that call's alone."""
 
     RETRY_S = 30.0
 
@@ -196,6 +201,8 @@ class UnitProperties:
         self._guard()
         try:
             return action()
+        except SystemdRefused:
+            raise
         except SystemdError as exc:
             self._failed = (self.clock(), str(exc))
             raise

@@ -185,3 +185,22 @@ def test_a_saved_property_that_is_no_number_is_one_failure_and_the_rest_is_given
     assert "MemoryHigh" in report.failed[0][2]
     assert systemd.units["kubepods-burstable-podweb.slice"] == kubelets_units()["kubepods-burstable-podweb.slice"]
     assert systemd.units["kubepods-besteffort-poduid.slice"]["CPUWeight"] == 1
+
+
+def test_a_unit_systemd_refuses_does_not_hold_back_the_others():
+    """A refusal (the kubelet removed the pod's slice a moment ago) is that unit's alone: the next unit is asked
+    in the same pass; only a bus that does not answer makes every call wait the retry interval."""
+    from agent.isolation.systemd import SystemdRefused
+
+    driver, systemd = node()
+    refuse = systemd.set_properties
+
+    def set_properties(unit, values):
+        if unit == "kubepods-besteffort-poduid.slice":
+            raise SystemdRefused("systemd refused SetUnitProperties: org.freedesktop.systemd1.NoSuchUnit")
+        return refuse(unit, values)
+
+    systemd.set_properties = set_properties
+    report = Reconciler(driver, "tidal", units=UnitProperties(systemd, clock=lambda: 0.0)).apply(SPECS)
+    assert {path for path, _ in report.unheld} == {POD}
+    assert [(path, name) for path, name, _ in report.held] == [(WEB, "MemoryLow")]
