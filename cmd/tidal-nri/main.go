@@ -385,7 +385,18 @@ func main() {
 		p.stub = s
 		p.mu.Unlock()
 		started := time.Now()
+		// the stub's Run returns when its connection ends, not when ctx does: a SIGTERM stops it here, else the
+		// plugin outlived every stop of its pod by the whole grace period (30 s in the node tier's teardowns)
+		stopped := make(chan struct{})
+		go func() {
+			select {
+			case <-ctx.Done():
+				s.Stop()
+			case <-stopped:
+			}
+		}()
 		err = s.Run(ctx)
+		close(stopped)
 		p.mu.Lock()
 		p.stub, p.registered = nil, false
 		p.mu.Unlock()
