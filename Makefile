@@ -16,7 +16,7 @@ BIN_DIR ?= /usr/local/bin
 CONFIG_DIR ?= /etc/tidal
 COMPLETION_DIR ?= /usr/share/bash-completion/completions
 
-.PHONY: all install deps test docs dist helm kwok koordlet manifests test-cgroup2 test-systemd test-systemd-kubelet test-systemd-full bench-hierarchies run bench clean clean-test-leftovers k8s-testbin nrt-scheduler yarn-testbin node-testbin image
+.PHONY: all install deps test docs dist helm kwok koordlet manifests test-cgroup2 test-systemd test-systemd-kubelet test-systemd-full bench-hierarchies run bench clean clean-test-leftovers k8s-testbin nrt-scheduler yarn-testbin node-testbin image vm-kernel
 
 all: test
 
@@ -53,6 +53,12 @@ test: deps $(STAMP)
 # virtme-ng are cached outside the repository; see scripts/cgroup2-vm.sh)
 test-cgroup2: deps $(STAMP)
 	sh scripts/cgroup2-vm.sh
+
+# what both VM tiers take first: the Debian packages they need and the kernel they boot (cached outside the
+# repository; each tier's script does the same, so this only lets CI fetch them once before both start)
+vm-kernel:
+	sh scripts/install-debian-packages.sh scripts/vm-debian-packages.txt
+	sh scripts/vm-kernel.sh > /dev/null
 
 # the shipped unit under systemd as PID 1 on pure cgroup v2, in a qemu VM (root): make install there and
 # tests/systemd drive it with systemctl (scripts/systemd-vm.sh; the image and wheels cached outside the repository)
