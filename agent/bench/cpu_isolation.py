@@ -23,6 +23,11 @@ The harness must not run in that slice (it would be confined with it): run it fr
 of its own, ``systemd-run --scope -p Delegate=yes --slice=tidal-bench.slice tidal bench cpu-isolation
 --foreign-load system.slice``.
 
+On a host without systemd, ``--foreign-load cgroup``: the same load in a cgroup the bench makes beside
+Tidal's tree (as such a host's init scripts make ``/system`` or ``/docker``), on every cpu in
+``tidal_foreign``, and in ``tidal_foreign_confined`` held on the reserved cpus by the agent's Reconciler
+(``--confine-host-cgroups``), its values put back after; the cgroup is removed at the end.
+
 Offline harvest = hogs' cpu time / the cpu time the probe left idle
 (cpus x duration - probe cpu time). The scenarios take turns in short runs,
 ``repeats`` rounds of them; latency percentiles are over all rounds' samples
@@ -46,7 +51,7 @@ import psutil
 
 from common.timing import median, percentile
 from agent.errors import TidalError
-from agent.isolation.cgroups.desired import CgroupSpec
+from agent.isolation.cgroups.desired import CgroupOptions, CgroupSpec
 from agent.topology.parse import format_cpulist
 
 
@@ -116,9 +121,12 @@ def hog_main() -> None:
         x += 1
 
 
-def foreign_main(processes: int, duty: float, period_ms: float) -> None:
+def foreign_main(processes: int, duty: float, period_ms: float, gate: bool = False) -> None:
     """The host's own work: ``processes`` processes, each busy ``duty`` of every ``period_ms`` (at
-    phases spread over the period), until killed (with its unit)."""
+    phases spread over the period), until killed (with its unit, or its process group). ``gate``: fork
+    only after a line on stdin (the harness first moves this process into the load's cgroup)."""
+    if gate:
+        sys.stdin.readline()
     period = period_ms / 1000.0
     children = []
     for i in range(processes):
@@ -187,6 +195,96 @@ class ForeignLoad:
                 self.ran_on = ""
             subprocess.run(["systemctl", "stop", self.unit], capture_output=True, timeout=60)
             self.unit = None
+
+
+FOREIGN_CGROUP = "cgroup"  # --foreign-load cgroup: a host without systemd, the load in a cgroup of the bench's
+
+
+class CgroupForeignLoad:
+    """``foreign_main`` in a cgroup of the bench's own beside Tidal's tree (a host without systemd, whose
+    own work lives in cgroups its init scripts made), its processes started and killed per scenario; the
+    cgroup is made once (every cpu, as such a host leaves it) and removed at the end."""
+
+    def __init__(self, driver, path: str, processes: int, cpus: str, mems: str) -> None:
+        self.driver, self.path, self.processes = driver, path, processes
+        self.cpus, self.mems = cpus, mems
+        self.proc: Optional[subprocess.Popen] = None
+        self.ran_on = ""  # where the load's processes could run in the last scenario (the kernel's word)
+        self._made = False
+
+    def make(self) -> None:
+        from agent.isolation.cgroups.reconcile import Reconciler
+
+        self._made = True
+        report = Reconciler(self.driver, self.path).apply([CgroupSpec(self.path, {"cpus": self.cpus, "mems": self.mems})])
+        if report.failed:
+            raise TidalError(f"--foreign-load cgroup: {report.failed[0][2]}")
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-m", "agent.bench.cpu_isolation", "foreign", str(self.processes),
+                                      str(FOREIGN_DUTY), str(FOREIGN_PERIOD_MS), "gate"],
+                                     stdin=subprocess.PIPE, text=True, start_new_session=True)
+        self.driver.move(self.path, self.proc.pid)
+        self.proc.stdin.write("go\n")
+        self.proc.stdin.flush()
+        deadline = time.monotonic() + 30
+        while len(self.children()) < self.processes:
+            if time.monotonic() > deadline or self.proc.poll() is not None:
+                raise TidalError(f"--foreign-load cgroup: the load did not start its {self.processes} processes in 30 s")
+            time.sleep(0.05)
+
+    def children(self) -> List[int]:
+        try:
+            return [child.pid for child in psutil.Process(self.proc.pid).children()]
+        except psutil.Error:
+            return []
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        pids = self.children()
+        self.ran_on = ""
+        for pid in pids[:1]:
+            try:
+                with open(f"/proc/{pid}/status") as handle:
+                    self.ran_on = next(line.split(":", 1)[1].strip() for line in handle
+                                       if line.startswith("Cpus_allowed_list:"))
+            except (OSError, StopIteration):
+                pass
+        try:
+            os.killpg(self.proc.pid, 9)
+        except ProcessLookupError:
+            pass
+        self.proc.wait()
+        self.proc = None
+        deadline = time.monotonic() + 10  # the children, reparented, are gone once the kernel reaped them
+        while any(psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE for pid in pids):
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+
+    def remove(self) -> None:
+        from agent.isolation.cgroups.reconcile import Reconciler
+
+        self.stop()
+        if self._made:
+            Reconciler(self.driver, self.path).revert()
+            self._made = False
+
+
+def check_foreign_cgroup(driver) -> None:
+    """One line and nothing made where ``--foreign-load cgroup`` cannot mean what it says here."""
+    from agent.isolation.cgroups.driver import own_cgroups
+    from agent.topology import HostFS
+
+    if os.path.isdir("/run/systemd/system"):
+        raise TidalError("--foreign-load cgroup: systemd runs this host and owns its cgroups: name one of its "
+                         "slices (--foreign-load system.slice)")
+    own = own_cgroups(HostFS("/")).get("", "/")
+    if driver.version == 2 and own != "/":
+        raise TidalError(f"--foreign-load cgroup: on cgroup v2 the load's cgroup and Tidal's tree go beside this "
+                         f"process, and a cgroup that holds processes ({own}) cannot hand cpusets to its children: "
+                         f"run the bench from the root cgroup")
 
 
 def check_foreign_slice(slice_unit: str) -> None:
@@ -274,7 +372,7 @@ FOREIGN_TREATMENTS = ("tidal_foreign", "tidal_foreign_confined")
 def run(duration: float = 2.0, repeats: int = 10, period_ms: float = 5.0, work_us: int = 300,
         foreign_load: Optional[str] = None, treatments: Optional[List[str]] = None) -> Dict[str, Any]:
     """``treatments``: which of them run beside ``alone`` (default: all; the foreign ones only with
-    ``foreign_load``, a systemd slice)."""
+    ``foreign_load``: a systemd slice, or ``cgroup`` on a host without systemd)."""
     if os.geteuid() != 0:
         raise TidalError("bench cpu-isolation needs root: it creates cgroups")
     known = TREATMENTS + (FOREIGN_TREATMENTS if foreign_load else ())
@@ -283,7 +381,7 @@ def run(duration: float = 2.0, repeats: int = 10, period_ms: float = 5.0, work_u
         if name not in known:
             raise TidalError(f"bench cpu-isolation: no treatment {name!r} (known: {', '.join(known)}"
                              + ("" if foreign_load else f"; {', '.join(FOREIGN_TREATMENTS)} need --foreign-load") + ")")
-    if foreign_load:
+    if foreign_load and foreign_load != FOREIGN_CGROUP:
         check_foreign_slice(foreign_load)
     from agent.daemon import Agent, AgentConfig
     from agent.isolation.cgroups.detect import detect
@@ -298,6 +396,8 @@ def run(duration: float = 2.0, repeats: int = 10, period_ms: float = 5.0, work_u
         raise TidalError("bench cpu-isolation needs at least 2 online cpus")
     mounts = detect(HostFS("/"))
     driver = KernelCgroups(mounts, parent="self")
+    if foreign_load == FOREIGN_CGROUP:
+        check_foreign_cgroup(driver)
     base = f"tidal-bench-{uuid.uuid4().hex[:8]}"
     args = {"period_ms": period_ms, "work_us": work_us, "duration": duration}
 
@@ -334,13 +434,13 @@ def run(duration: float = 2.0, repeats: int = 10, period_ms: float = 5.0, work_u
         return make_groups(run, "online", "offline", {"online": {"cpus": str(online[0])},
                                                 "offline": {"cpus": format_cpulist(online[1:])}})
 
-    def tidal(run: _Run, host_units: tuple = (), foreign: Optional[ForeignLoad] = None):
+    def tidal(run: _Run, host_units: tuple = (), host_cgroups: tuple = (), foreign=None):
         state_dir = tempfile.mkdtemp(prefix="tidal-bench-")
         # the defaults a node runs with: the first core reserved for system work, where the agent
         # (here: this harness process and its agent thread) runs
         config = AgentConfig(socket_path=os.path.join(state_dir, "a.sock"), state_dir=state_dir,
                              cgroup_base=base, cgroup_parent="self", period=0.5, empty_grace=3600, confine_self=True,
-                             host_units=host_units)
+                             host_units=host_units, cgroup_options=CgroupOptions(host_cgroups=host_cgroups))
         agent = Agent(config, echo=lambda line: None, topology=topo)
         agent.start()
         if foreign is not None:
@@ -381,14 +481,23 @@ def run(duration: float = 2.0, repeats: int = 10, period_ms: float = 5.0, work_u
 
         return cleanup
 
-    foreign = ForeignLoad(foreign_load, cpus) if foreign_load else None
+    foreign: Any = None
+    held: Dict[str, tuple] = {}
+    if foreign_load == FOREIGN_CGROUP:  # beside Tidal's tree (the same parent), held by the Reconciler
+        foreign = CgroupForeignLoad(driver, f"tidal-bench-foreign-{uuid.uuid4().hex[:8]}", cpus, every, mems)
+        held = {"host_cgroups": (foreign.path,)}
+    elif foreign_load:  # a systemd slice, held through systemd
+        foreign = ForeignLoad(foreign_load, cpus)
+        held = {"host_units": (foreign_load,)}
     every_treatment = {"none": none, "besteffort": besteffort, "static_split": static_split, "tidal": tidal,
                        "tidal_foreign": lambda run: tidal(run, foreign=foreign),
-                       "tidal_foreign_confined": lambda run: tidal(run, host_units=(foreign_load,), foreign=foreign)}
+                       "tidal_foreign_confined": lambda run: tidal(run, foreign=foreign, **held)}
     treatments = {name: every_treatment[name] for name in chosen}
     alone: List[Dict[str, Any]] = []
     results: Dict[str, List[Dict[str, Any]]] = {k: [] for k in treatments}
     try:
+        if isinstance(foreign, CgroupForeignLoad) and any(name in FOREIGN_TREATMENTS for name in chosen):
+            foreign.make()
         for _ in range(repeats):
             alone.append(_scenario("alone", cpus, args, none))
             for name, place in treatments.items():
@@ -396,7 +505,9 @@ def run(duration: float = 2.0, repeats: int = 10, period_ms: float = 5.0, work_u
                 if name in FOREIGN_TREATMENTS:
                     results[name][-1]["foreign_cpus"] = foreign.ran_on
     finally:
-        if foreign is not None:
+        if isinstance(foreign, CgroupForeignLoad):
+            foreign.remove()
+        elif foreign is not None:
             foreign.stop()
         remove_bench_tree()
 
@@ -424,8 +535,8 @@ def run(duration: float = 2.0, repeats: int = 10, period_ms: float = 5.0, work_u
         scenarios[name]["p99_ratio"] = round(scenarios[name]["p99_us"] / alone_summary["p99_us"], 3)
     extra: Dict[str, Any] = {}
     if foreign is not None:
-        extra["foreign_load"] = {"slice": foreign_load, "processes": cpus, "duty": FOREIGN_DUTY,
-                                 "period_ms": FOREIGN_PERIOD_MS}
+        where = {"cgroup": foreign.path} if isinstance(foreign, CgroupForeignLoad) else {"slice": foreign_load}
+        extra["foreign_load"] = {**where, "processes": cpus, "duty": FOREIGN_DUTY, "period_ms": FOREIGN_PERIOD_MS}
     return {"alone": alone_summary, "scenarios": scenarios, **extra, "repeats": repeats, "cpus": cpus,
             "cgroup_version": driver.version, "kernel": os.uname().release, "duration_s": duration, "period_ms": period_ms, "work_us": work_us}
 
@@ -437,4 +548,4 @@ if __name__ == "__main__":
     elif sys.argv[1] == "hog":
         hog_main()
     elif sys.argv[1] == "foreign":
-        foreign_main(int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4]))
+        foreign_main(int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4]), gate=sys.argv[5:6] == ["gate"])

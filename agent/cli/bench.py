@@ -174,7 +174,8 @@ def bench_qrm(root, workloads: int, repeat: int, churn_steps: int, as_json: bool
 @click.option("--foreign-load", metavar="SLICE", default=None,
               help="Also run Tidal beside a foreign load (one 50%-duty process per cpu) in this systemd slice "
                    "(system.slice), the slice on every cpu and held on the reserved cpus (systemd hosts; run "
-                   "the bench outside that slice: see docs/benchmarks).")
+                   "the bench outside that slice: see docs/benchmarks); 'cgroup' on a host without systemd: "
+                   "the load in a cgroup of the bench's own, held with --confine-host-cgroups.")
 @click.option("--treatments", default=None, metavar="NAME,...",
               help="Run only these beside alone: none, besteffort, static_split, tidal, and with --foreign-load "
                    "tidal_foreign, tidal_foreign_confined (default: all).")
