@@ -56,11 +56,6 @@ def test_refused_in_one_line_before_anything_runs(args, says):
 def test_a_host_cgroup_held_on_the_reserved_cpus_leaves_reclaimed_work_what_the_foreign_load_took():
     if os.path.isdir("/run/systemd/system"):
         pytest.skip("a systemd host: its slices hold the load (tests/systemd/test_bench_foreign_load.py)")
-    if os.path.exists("/sys/fs/cgroup/cgroup.subtree_control"):
-        # pure v2 is a systemd host's layout (the row through system.slice: make test-systemd); the cgroupfs
-        # host without systemd is this project's v1 host, on real cpus. The hold itself on v2 without
-        # systemd: test_host_cgroups_real.py, in make test-cgroup2 (this bench there took 87 s of emulation)
-        pytest.skip("pure cgroup v2: the foreign-load row runs through systemd there (make test-systemd)")
     before = _cgroups_named("tidal-bench-")
     proc = subprocess.run(TIDAL + ["bench", "cpu-isolation", "--foreign-load", "cgroup", "--treatments",
                                    "tidal_foreign,tidal_foreign_confined", "--duration", "1", "--repeats", "2"],
@@ -82,7 +77,10 @@ def test_a_host_cgroup_held_on_the_reserved_cpus_leaves_reclaimed_work_what_the_
     assert set(parse_cpulist(unconfined["foreign_cpus"])) == every, rows
     assert set(parse_cpulist(confined["foreign_cpus"])) < every, rows
     # on every cpu the load (normal priority) takes half of each cpu reclaimed work harvests at idle
-    # priority; held off them it takes none of it (this 2-cpu host, real cpus: 0.40 against 0.28)
-    assert confined["offline_harvest"] > unconfined["offline_harvest"], rows
+    # priority; held off them it takes none of it
+    if not os.path.exists("/sys/fs/cgroup/cgroup.subtree_control"):
+        # on the v1 host's real cpus (0.40 against 0.28); in the v2 VM, under emulation, the two came within
+        # 12% of each other in two 1 s rounds (0.46 against 0.41): there only where the load ran is asserted
+        assert confined["offline_harvest"] > unconfined["offline_harvest"], rows
     # the probe's latency is printed, not compared: a benchmark's figure (docs/benchmarks)
     assert _cgroups_named("tidal-bench-") == before  # the load's cgroup removed with Tidal's trees
