@@ -5,7 +5,11 @@ root's home, which the user cannot enter)."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
+import time
+
+import pytest
 
 CLIENT = r'''
 import http.client, json, socket, sys, time
@@ -46,3 +50,17 @@ def run_as(user, plan, groups=()):
                           timeout=120, cwd="/")
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)
+
+
+def wait_listening(proc: subprocess.Popen, path: str, seconds: float = 90) -> None:
+    """Wait for the agent ``proc`` (stdout a pipe) to make ``path``; a failure carries its output. An agent
+    still running past ``seconds`` is killed first: reading the pipe of a live one would wait forever (a
+    test hung so under a loaded host's emulation, where the agent's start took longer than 30 s)."""
+    deadline = time.monotonic() + seconds
+    while not os.path.exists(path):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            out = proc.communicate()[0] or ""
+            pytest.fail(f"the agent did not make {path} within {seconds:g} s (exit {proc.returncode}): "
+                        f"{out[-3000:]}")
+        time.sleep(0.05)

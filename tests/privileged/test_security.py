@@ -20,13 +20,12 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 import uuid
 
 import pytest
 
 from tests.conftest import is_root
-from tests.privileged.local_user import run_as
+from tests.privileged.local_user import run_as, wait_listening
 
 pytestmark = [pytest.mark.privileged,
               pytest.mark.skipif(not is_root() or not os.path.exists("/usr/sbin/useradd"),
@@ -78,10 +77,7 @@ def test_a_local_user_reads_but_cannot_drive_the_agent(tmp_path, stranger):
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     sleeper = None
     try:
-        deadline = time.monotonic() + 30
-        while not os.path.exists(sock):
-            assert agent.poll() is None and time.monotonic() < deadline, agent.stdout.read()
-            time.sleep(0.05)
+        wait_listening(agent, sock)
         root = AgentClient(sock)
         root.request("POST", "/v1/workloads", {"name": "roots", "qos": "shared_cores", "millicpu": 100})
         before = (root.request("GET", "/v1/node")["state"], sorted(w["name"] for w in
