@@ -106,8 +106,17 @@ else
     echo "/var/tmp: no loop device; stays tmpfs"
 fi
 export TIDAL_REQUIRE_CGROUP2=1
-${TIDAL_VM_COMMAND:-.venv/bin/python -m pytest -p no:cacheprovider -m privileged -rs $TESTS ${PYTEST_ARGS:-}}
+${TIDAL_VM_COMMAND:-.venv/bin/python -m pytest -p no:cacheprovider -m privileged -ra $TESTS ${PYTEST_ARGS:-}}
 EOF
+# the project's modules and its tests' rewritten assertions compiled here, on the host's own cpus, before the
+# VM boots: the checkout is read-only in the VM, and with no .pyc (CI's environment sets
+# PYTHONDONTWRITEBYTECODE) every agent a test starts compiled its modules again under emulation
+if [ -z "${TIDAL_VM_COMMAND:-}" ]; then
+    say "compiling the project's modules and collecting $TESTS (bytecode for the VM)"
+    PYTHONDONTWRITEBYTECODE= .venv/bin/python -m compileall -q -j 0 agent cluster contracts common kube > /dev/null
+    PYTHONDONTWRITEBYTECODE= .venv/bin/python -m pytest -p no:cacheprovider --collect-only -q -m privileged $TESTS \
+        > /dev/null || true  # a collection error is the VM's run's to report
+fi
 say "booting $version ($ACCEL) with 2 vCPUs and 1 GiB; running ${TIDAL_VM_COMMAND:-$TESTS}"
 start=$(date +%s)
 if ! boot "$accel_flag" 3000 tier.sh; then
