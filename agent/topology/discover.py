@@ -331,18 +331,21 @@ def _numa_nodes(reader: _Reader, online: Sequence[int], all_cpus: Set[int]) -> L
 
 
 def _model_and_flags(reader: _Reader, cpuinfo_text: str, use_cpuinfo_lib: bool):
-    if use_cpuinfo_lib:
-        try:
-            import cpuinfo  # py-cpuinfo: CPUID on x86, the kernel's view elsewhere
+    """The cpu's model and flags: the kernel's (``/proc/cpuinfo``: the flags it lets user space use), and
+    py-cpuinfo on a live host only where the kernel names neither (some arm kernels). py-cpuinfo asks
+    CPUID from a process of its own: 1.1 s of every agent's start on this project's x86 host, 7 s under
+    emulation, for figures the kernel already gives."""
+    model, flags = cpuinfo_model_and_flags(iter_cpuinfo(cpuinfo_text))
+    if model or flags or not use_cpuinfo_lib:
+        return model, flags
+    try:
+        import cpuinfo  # py-cpuinfo: CPUID on x86, the platform's own sources elsewhere
 
-            info = cpuinfo.get_cpu_info()
-            model = info.get("brand_raw") or None
-            flags = tuple(sorted(set(info.get("flags", ()))))
-            if model or flags:
-                return model, flags
-        except Exception as exc:  # noqa: BLE001 - py-cpuinfo raises many kinds; /proc is the fallback
-            reader.warnings.append(f"py-cpuinfo failed ({exc}); using /proc/cpuinfo")
-    return cpuinfo_model_and_flags(iter_cpuinfo(cpuinfo_text))
+        info = cpuinfo.get_cpu_info()
+        return info.get("brand_raw") or None, tuple(sorted(set(info.get("flags", ()))))
+    except Exception as exc:  # noqa: BLE001 - py-cpuinfo raises many kinds; the model stays unknown
+        reader.warnings.append(f"/proc/cpuinfo names no cpu model or flags and py-cpuinfo failed ({exc})")
+        return None, ()
 
 
 def discover(fs: HostFS, *, devices: bool = True, use_cpuinfo_lib: Optional[bool] = None) -> Topology:

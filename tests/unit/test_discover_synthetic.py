@@ -155,6 +155,38 @@ def test_live_host_discovers_something():
     assert topo.numa_nodes and all(n.memory_bytes for n in topo.numa_nodes if n.cpus)
 
 
+def test_the_live_hosts_model_and_flags_are_the_kernels_without_a_cpuid_process(monkeypatch):
+    """The agent's start reads the kernel's /proc/cpuinfo; py-cpuinfo's CPUID process (1.1 s) is not asked."""
+    import cpuinfo
+
+    from agent.topology.parse import cpuinfo_model_and_flags, iter_cpuinfo
+
+    asked = []
+    monkeypatch.setattr(cpuinfo, "get_cpu_info", lambda: asked.append(1) or {})
+    topo = discover(HostFS("/"))
+    with open("/proc/cpuinfo") as handle:
+        model, flags = cpuinfo_model_and_flags(iter_cpuinfo(handle.read()))
+    assert (topo.cpu_model, topo.cpu_flags) == (model, flags) and model and asked == []
+
+
+def test_py_cpuinfo_names_the_cpu_where_the_kernel_does_not(monkeypatch):
+    import cpuinfo
+
+    from agent.topology.discover import _Reader, _model_and_flags
+
+    monkeypatch.setattr(cpuinfo, "get_cpu_info", lambda: {"brand_raw": "Some Cpu", "flags": ["b", "a", "b"]})
+    assert _model_and_flags(_Reader(HostFS("/")), "processor\t: 0\n", True) == ("Some Cpu", ("a", "b"))
+    assert _model_and_flags(_Reader(HostFS("/")), "processor\t: 0\n", False) == (None, ())
+
+    def broken():
+        raise RuntimeError("no cpuid here")
+
+    monkeypatch.setattr(cpuinfo, "get_cpu_info", broken)
+    reader = _Reader(HostFS("/"))
+    assert _model_and_flags(reader, "", True) == (None, ())
+    assert any("no cpuid here" in w for w in reader.warnings)
+
+
 def test_to_dict_round_trip(topo_dual_socket_ht):
     from agent.topology import Topology
 
