@@ -184,7 +184,9 @@ def test_online_io_pressure_limits_offline_io_on_its_device(tmp_path):
         limit = agent.harvest.io_guard.throttle.limits[device][0]
         assert read_io_limits(agent.driver, reclaimed)[device][0] == limit
         rate, busiest = read_rate(agent, reclaimed, 2.0)
-        after = io_wait_share(agent, leaf, 3.0)
+        # online's wait over 6 s each, under the limit and with the scan gone: over 3 s each the two differed
+        # by -2.9 to +2.8 points in six VM runs and by +7.3 in a CI run beside the other tiers
+        after = io_wait_share(agent, leaf, 6.0)
         assert web.poll() is None and batch.poll() is None  # nothing killed: online nor offline
         # the reference for what the limit leaves: online's wait with the scan gone, measured right after (in
         # the VM online's wait at the start, before any scan, reads lower than this: 0.6-3.6% against 12-27%
@@ -192,7 +194,7 @@ def test_online_io_pressure_limits_offline_io_on_its_device(tmp_path):
         # stretch of the run)
         batch.kill()
         batch.wait()
-        gone = io_wait_share(agent, leaf, 3.0)
+        gone = io_wait_share(agent, leaf, 6.0)
         print(f"online alone waited {alone:.1f}% on io; reading behind offline's scan {trigger}% over "
               f"{io_throttle.WINDOW_S} s, decided in the guard's window {windows} after online's step "
               f"({decided_after:.3f} s), limited in the kernel {limited_after:.3f} s after the step to "
@@ -211,8 +213,7 @@ def test_online_io_pressure_limits_offline_io_on_its_device(tmp_path):
         assert crossed and crossed[0] == windows, after_step
         assert limited_after - decided_after < 1.0, (
             f"the limit reached the kernel {limited_after - decided_after:.3f} s after the guard's cut")
-        # what the limit is for: online waits no more than with offline gone (5 points: the two figures
-        # differed by -2.9 to +2.8 over six VM runs)
+        # what the limit is for: online waits no more than with offline gone (5 points: see the measurements)
         assert after <= gone + 5, f"online waited {after:.1f}% under the limit, {gone:.1f}% with offline gone"
         # online quiet (its lookups stopped) and no offline io (a window with none cuts nothing): the limit
         # doubles back once per period after the quiet ones
