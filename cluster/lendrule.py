@@ -5,8 +5,9 @@ observes every ``--period`` (30 s by default); the tidal-day simulator
 (``cluster.simulate``) runs the same function as often, so its figures
 describe the shipped behaviour.
 
-Water level = cpu requested by online pods on online nodes / what those
-nodes can allocate. Nodes labelled Offline (lent, or in their lending notice)
+Water level = cpu requested by online pods on online nodes or waiting for a
+node (a pod the scheduler found no room for is online's demand too) / what
+those nodes can allocate. Nodes labelled Offline (lent, or in their lending notice)
 are not online; a node being taken back is online at once (it is uncordoned).
 
 1. Inside an online window: take every lent node back. Above ``threshold``:
