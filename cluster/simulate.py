@@ -107,6 +107,8 @@ class SimConfig:
             raise TidalError("buffer and noise must be >= 0, hpa_target in (0, 1]")
         if not 0 < self.lending_threshold <= 1:
             raise TidalError("lending_threshold must be in (0, 1]")
+        if self.notice_minutes < 0 or self.lending_period_s <= 0:
+            raise TidalError("notice_minutes must be >= 0 and lending_period_s > 0")
 
 
 @dataclass(order=True)
@@ -340,10 +342,15 @@ def run(config: SimConfig, mode: str, trace: Optional[Trace] = None) -> Dict[str
     events = 0  # node-minutes in which online waited for cores
     lent_node_minutes = 0.0
     online_before = np.zeros(n, dtype=bool)
+    labelled_offline = np.zeros(minutes, dtype=np.int64)  # nodes the controller has labelled Offline
+    # replicas are whole pods: a node holds as many as fit whole (7 of 2 cores on a 15-core node), the cores
+    # left over are not online's (a real day on KWOK nodes left replicas unschedulable where cores alone fit)
+    per_node_fit = (config.cores // config.replica_cores) * config.replica_cores
+    unplaced_replica_minutes = 0.0
     for t in range(minutes):
         if t == warmup and warmup:  # the day starts: count from here
             parts = dict.fromkeys(parts, 0.0)
-            events, lent_node_minutes = 0, 0.0
+            events, lent_node_minutes, unplaced_replica_minutes = 0, 0.0, 0.0
             offline.core_minutes = offline.lost_core_minutes = 0.0
             offline.evictions = dict.fromkeys(offline.evictions, 0)
         wobble = 1.0 + noise_rng.uniform(-config.noise, config.noise, n)
@@ -353,13 +360,15 @@ def run(config: SimConfig, mode: str, trace: Optional[Trace] = None) -> Dict[str
             offline_capacity = (n - separate_online) * cores
             node_capacity = np.zeros(n)
             node_capacity[separate_online:] = cores
-            placed_requests = min(requested, separate_online * cores)
+            placed_requests = min(requested, separate_online * per_node_fit)
         else:
             if config.lending:
-                _lend_or_take_back(config, lent, moving, requested)
+                _lend_or_take_back(config, lent, moving, requested, t)
+            labelled_offline[t] = int(((moving > 0) | (lent & (moving == 0))).sum())
             # online: online nodes and nodes in their lending notice (they keep their replicas until it ends)
             online_nodes = np.flatnonzero((~lent & (moving == 0)) | (moving > 0))
-            placed_requests = min(requested, len(online_nodes) * cores)
+            placed_requests = min(requested, len(online_nodes) * per_node_fit)
+        unplaced_replica_minutes += (requested - placed_requests) / config.replica_cores
         # online use on its nodes: the demand spread with each node's wobble, capped by requests and cores
         served = min(demand[t], placed_requests)
         parts["unplaced"] += (demand[t] - served) / 60.0
@@ -402,17 +411,22 @@ def run(config: SimConfig, mode: str, trace: Optional[Trace] = None) -> Dict[str
     return {"avg_util": round(float(util.mean()), 4), "online_shortfall_core_hours": round(shortfall, 3),
             "online_shortfall_by_cause": {k: round(v, 3) for k, v in parts.items()},
             "online_waits_node_minutes": events,
+            "unplaced_replica_minutes": round(unplaced_replica_minutes, 1),
             "offline_core_hours": round(offline.core_minutes / 60.0, 1),
             "offline_lost_core_hours": round(offline.lost_core_minutes / 60.0, 1),
             "evictions_by_tier": dict(offline.evictions), "hourly_util": hourly,
             "online_nodes_at_peak": separate_online if mode == "separate" else None,
             "lent_node_hours": round(lent_node_minutes / 60.0, 1) if mode == "tidal" else 0.0,
-            "util_by_minute": util}
+            "util_by_minute": util, "warmup_minutes": warmup,
+            # from the warmup's first minute: a real run of the same day starts where the simulator did
+            "replicas_by_minute": replicas.astype(int), "offline_labelled_by_minute": labelled_offline}
 
 
-def _lend_or_take_back(config: SimConfig, lent: np.ndarray, moving: np.ndarray, requested: float) -> None:
+def _lend_or_take_back(config: SimConfig, lent: np.ndarray, moving: np.ndarray, requested: float,
+                       minute: int = 0) -> None:
     """One minute of the lending controller: THE lending rule (``cluster.lendrule.decide``), run as
-    often as the controller runs it (every ``lending_period_s``), on the nodes as it sees them.
+    often as the controller runs it (every ``lending_period_s``: several times a minute, or in the
+    minutes that start a period when it is a minute or longer), on the nodes as it sees them.
 
     ``lent``: the node is Offline (or OfflineToOnline); ``moving`` > 0: minutes left of an
     OnlineToOffline notice, < 0: of an OfflineToOnline notice. The controller sees a node in its
@@ -425,6 +439,9 @@ def _lend_or_take_back(config: SimConfig, lent: np.ndarray, moving: np.ndarray, 
     lent[ending] = True
     lent[returning] = False
     cores = float(config.cores)
+    every = max(1, round(config.lending_period_s / 60.0))  # minutes between the controller's periods
+    if minute % every:
+        return
     for _ in range(max(1, round(60.0 / config.lending_period_s))):
         labelled_online = (~lent & (moving == 0)) | (moving < 0)
         going = np.flatnonzero(moving > 0)
@@ -437,15 +454,26 @@ def _lend_or_take_back(config: SimConfig, lent: np.ndarray, moving: np.ndarray, 
         for action in actions:
             node = int(action.node)
             if action.kind == TAKE_BACK:
-                moving[node] = 0 if moving[node] > 0 else -config.notice_minutes
-            else:
+                if moving[node] > 0:  # called off during its lending notice: online at once
+                    moving[node] = 0
+                elif config.notice_minutes:
+                    moving[node] = -config.notice_minutes
+                else:
+                    lent[node] = False
+            elif config.notice_minutes:
                 moving[node] = config.notice_minutes
+            else:  # no notice: lent as it is labelled
+                lent[node] = True
 
 
 def simulate(config: SimConfig, trace: Optional[Trace] = None) -> Dict[str, Any]:
     separate = run(config, "separate", trace)
     tidal = run(config, "tidal", trace)
-    series = {"separate": separate.pop("util_by_minute"), "tidal": tidal.pop("util_by_minute")}
+    series = {"separate": separate.pop("util_by_minute"), "tidal": tidal.pop("util_by_minute"),
+              "replicas": tidal.pop("replicas_by_minute"), "offline_labelled": tidal.pop("offline_labelled_by_minute")}
+    for key in ("replicas_by_minute", "offline_labelled_by_minute", "warmup_minutes"):
+        separate.pop(key)
+    tidal.pop("warmup_minutes")
     return {"separate": separate, "tidal": tidal, "gain": round(tidal["avg_util"] - separate["avg_util"], 4),
             "config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(config).items()},
             "_series": series}

@@ -17,7 +17,7 @@ import socket
 import subprocess
 import tempfile
 import time
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Sequence
 
 from common.process import terminate
 
@@ -151,16 +151,16 @@ class ControlPlane:
 
         _wait(healthy, "kube-apiserver", timeout=120, proc=api, log=f"{d}/kube-apiserver.log")
 
-    def start_controller_manager(self) -> None:
-        """What a DaemonSet and pods need of kube-controller-manager; not the node lifecycle controller, which
-        would taint the node NotReady: with no CNI plugin the runtime's network is never ready (every pod of
-        the node tiers is hostNetwork)."""
+    def start_controller_manager(self, extra: Sequence[str] = ()) -> None:
+        """What a DaemonSet and pods need of kube-controller-manager (and ``extra`` controllers, such as
+        ``deployment-controller``); not the node lifecycle controller, which would taint the node NotReady: with
+        no CNI plugin the runtime's network is never ready (every pod of the node tiers is hostNetwork)."""
         d = self.dir
         proc = self._spawn("kube-controller-manager", [
             f"{self.bin}/kube-controller-manager", f"--kubeconfig={self.kubeconfig()}",
             "--controllers=daemonset-controller,serviceaccount-controller,serviceaccount-token-controller,"
             "root-ca-certificate-publisher-controller,garbage-collector-controller,pod-garbage-collector-controller,"
-            "namespace-controller",
+            "namespace-controller" + "".join(f",{c}" for c in extra),
             f"--root-ca-file={d}/certs/apiserver.crt", f"--service-account-private-key-file={d}/sa.key",
             "--leader-elect=false", f"--secure-port={free_port()}", "--bind-address=127.0.0.1", "--v=1"])
         _wait(lambda: "Started controller" in _tail(f"{d}/kube-controller-manager.log", 400)

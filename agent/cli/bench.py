@@ -148,6 +148,59 @@ def bench_scheduler(nodes: int, pods: int, mode: str, rate, numa_share: float, s
     emit_json(result)
 
 
+@bench.command("day")
+@click.option("--nodes", default=6, show_default=True, type=click.IntRange(2, 1000),
+              help="KWOK nodes, all of one machine's shape.")
+@click.option("--shape", default="16amd64-8n2c", show_default=True,
+              help="The machine (a name under --shapes) the nodes are made from.")
+@click.option("--seconds-per-minute", default=0.1, show_default=True, type=FiniteRange(0.01, 60),
+              help="Wall seconds per day minute (0.1: the day in 144 s).")
+@click.option("--lending-period", default=30, show_default=True, type=click.IntRange(1, 1440),
+              help="Day minutes between the lending controller's passes.")
+@click.option("--hours", default=24.0, show_default=True, type=FiniteRange(1, 24 * 7))
+@click.option("--threshold", default=0.9, show_default=True, type=FiniteRange(0.01, 1),
+              help="The lending controller's water level threshold.")
+@ROOT_DIR_OPTION
+@click.option("--json", "as_json", is_flag=True, help="JSON output (always JSON; progress on stderr).")
+def bench_day(nodes: int, shape: str, seconds_per_minute: float, lending_period: int, hours: float, threshold: float,
+              shapes_dir, as_json: bool) -> None:
+    """A day compressed onto a local control plane with KWOK nodes, beside the simulator's prediction: the
+    online replicas it asks for, the lending controller as shipped; nodes lent minute by minute, both ways."""
+    from agent.bench.fleet import shapes as fleet_shapes
+    from cluster import day
+    from cluster.scheduler.fleet import Fleet, kwok_binary
+    from kube.localplane import ControlPlane, testbin
+    from kube.rest import ApiError
+    from kubernetes.client.exceptions import ApiException
+
+    shapes = {s["name"]: s for s in fleet_shapes(_captured_trees(shapes_dir))}
+    if shape not in shapes:
+        raise TidalError(f"--shape {shape}: not among the machines ({', '.join(sorted(shapes))})")
+    binaries, kwok = testbin(), kwok_binary()
+    if binaries is None or kwok is None:
+        raise TidalError("tidal bench day needs the control plane and KWOK: make k8s-testbin kwok")
+    say = lambda line: click.echo(f"tidal bench day: {line}", err=True)  # noqa: E731
+    import urllib3
+
+    # the control plane is this command's own, on loopback, with a certificate it made: nothing to verify
+    urllib3.disable_warnings(urllib3.exceptions.InsecureRequestWarning)
+    plane = ControlPlane(binaries).start()
+    fleet = Fleet(plane, kwok)
+    try:
+        plane.start_controller_manager(extra=("deployment-controller", "replicaset-controller"))
+        plane.start_default_scheduler()
+        fleet.install_crds()
+        fleet.start_kwok()
+        result = day.bench(plane, fleet, shapes[shape], nodes=nodes, seconds_per_minute=seconds_per_minute,
+                           lending_period=lending_period, hours=hours, threshold=threshold, progress=say)
+    except (RuntimeError, TimeoutError, ApiError, ApiException) as exc:
+        raise TidalError(str(exc)) from None
+    finally:
+        fleet.stop()
+        plane.stop()
+    emit_json(result)
+
+
 @bench.command("qrm")
 @click.option("--root", default=None, type=click.Path(file_okay=False),
               help="Tree to allocate on (default: a synthetic 2x4x8x4 = 256-cpu node).")

@@ -6,7 +6,8 @@ import sys
 
 import pytest
 
-from cluster.simulate import SimConfig, TraceError, diurnal, read_trace, simulate
+from cluster.simulate import SimConfig, TraceError, diurnal, read_trace, run, simulate
+from contracts.errors import TidalError
 
 SMALL = dict(nodes=120, cores=32, hours=24.0)
 
@@ -104,3 +105,20 @@ def test_cli_bad_trace_is_one_error_line(tmp_path):
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2
     assert done.stderr.strip() == f"tidal: error: {path}:2: unknown node id 'node-5000' (the cluster has node-0 .. node-9)"
+
+
+def test_lending_with_no_notice_lends_and_takes_back_as_labelled_and_a_long_period_decides_on_its_minutes():
+    base = dict(nodes=6, cores=14, hours=24, noise=0.0, online_peak_share=0.5, replica_cores=2, notice_minutes=0)
+    every_minute = run(SimConfig(**base, lending_period_s=60.0), "tidal")
+    half_hourly = run(SimConfig(**base, lending_period_s=1800.0), "tidal")
+    for result in (every_minute, half_hourly):
+        labelled = [int(n) for n in result["offline_labelled_by_minute"]][result["warmup_minutes"]:]
+        assert labelled[4 * 60] >= 3 and labelled[20 * 60] == 0, labelled[::60]
+        # with no notice a node labelled Offline is lent that minute: the two figures are one
+        assert result["lent_node_hours"] == pytest.approx(sum(labelled) / 60.0, abs=0.05)
+    # a half-hourly controller changes its mind only in the minutes that start a period
+    changes = [m for m, (a, b) in enumerate(zip(half_hourly["offline_labelled_by_minute"],
+                                                  half_hourly["offline_labelled_by_minute"][1:]), 1) if a != b]
+    assert changes and all(m % 30 == 0 for m in changes), changes
+    with pytest.raises(TidalError):
+        SimConfig(notice_minutes=-1).check()
