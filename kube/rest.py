@@ -180,6 +180,20 @@ def _context(tls: dict) -> ssl.SSLContext:
     return context
 
 
+def list_pages(rest: Rest, path: str, page: int = 5000) -> Tuple[list, str]:
+    """Every object of a list (``path`` may carry a selector), in pages of ``page``: (items, the list's
+    resourceVersion)."""
+    items, version, token = [], "", ""
+    while True:
+        sep = "&" if "?" in path else "?"
+        listing = rest.json("GET", f"{path}{sep}limit={page}" + (f"&continue={token}" if token else ""))
+        items.extend(listing.get("items") or [])
+        meta = listing.get("metadata") or {}
+        version, token = meta.get("resourceVersion", ""), meta.get("continue", "")
+        if not token:
+            return items, version
+
+
 def list_watch_raw(rest: Rest, path: str, on_list, on_event, stop: threading.Event, what: str,
                    timeout_seconds: int = 60, page: int = 5000, on_error=None) -> None:
     """kube.listwatch's loop over raw JSON: list (in pages of ``page`` objects), watch from the list's
@@ -193,15 +207,7 @@ def list_watch_raw(rest: Rest, path: str, on_list, on_event, stop: threading.Eve
     missing = False
     while not stop.is_set():
         try:
-            items, version, token = [], "", ""
-            while True:
-                sep = "&" if "?" in path else "?"
-                listing = rest.json("GET", f"{path}{sep}limit={page}" + (f"&continue={token}" if token else ""))
-                items.extend(listing.get("items") or [])
-                meta = listing.get("metadata") or {}
-                version, token = meta.get("resourceVersion", ""), meta.get("continue", "")
-                if not token:
-                    break
+            items, version = list_pages(rest, path, page)
             on_list(items)
             backoff = 0.5
             while not stop.is_set():  # a watch the server ended on time goes on from the last version

@@ -198,6 +198,8 @@ def chart_schema() -> str:
                               "policy": {"type": "string", "enum": ["pack", "spread"]},
                               "shards": {"type": "integer", "minimum": 1, "maximum": 64},
                               "bindWorkers": {"type": "integer", "minimum": 1, "maximum": 1024},
+                              "podInitialBackoff": {"type": "number", "minimum": 0, "maximum": 3600},
+                              "podMaxBackoff": {"type": "number", "minimum": 0, "maximum": 3600},
                               "metricsPort": {"type": "integer", "minimum": 1, "maximum": 65535},
                               "resources": resources}),
             "lending": obj({"enabled": {"type": "boolean"}, "threshold": lending["threshold"],

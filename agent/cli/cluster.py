@@ -107,6 +107,12 @@ def cluster_extender(kubeconfig, port: int, address: str, tls_cert, tls_key, tls
               help="Identical pods (same template, in queue order) placed in one pass.")
 @click.option("--fair", is_flag=True, help="Namespaces take turns among units of the same priority.")
 @click.option("--no-preemption", is_flag=True, help="Never evict pods to make room.")
+@click.option("--pod-initial-backoff", default=1.0, show_default=True, type=FiniteRange(0, 3600),
+              help="Seconds a pod that fit nowhere waits before its next try (doubling each try), as "
+                   "kube-scheduler's podInitialBackoffSeconds.")
+@click.option("--pod-max-backoff", default=10.0, show_default=True, type=FiniteRange(0, 3600),
+              help="The most seconds between tries of a pod that fits nowhere (kube-scheduler's "
+                   "podMaxBackoffSeconds).")
 @click.option("--stale-after", default=120.0, show_default=True, type=FiniteRange(1, 10 ** 7),
               help="Seconds after which a node's topology report is not trusted for NUMA-bound pods.")
 @click.option("--leader-elect/--no-leader-elect", default=True, show_default=True,
@@ -118,7 +124,8 @@ def cluster_extender(kubeconfig, port: int, address: str, tls_cert, tls_key, tls
 @click.option("--metrics-address", default="0.0.0.0", show_default=True)
 def cluster_scheduler(kubeconfig, scheduler_name: str, policy: str, shards: int, bind_workers: int, bind_processes,
                       batch: int,
-                      fair: bool, no_preemption: bool, stale_after: float, leader_elect: bool, lease_namespace: str,
+                      fair: bool, no_preemption: bool, pod_initial_backoff: float, pod_max_backoff: float,
+                      stale_after: float, leader_elect: bool, lease_namespace: str,
                       lease_name: str, metrics_port: int, metrics_address: str) -> None:
     """Schedule pods (alone or in gangs) on the nodes' reports: NUMA-true, preempting reclaimed work."""
     import logging
@@ -128,12 +135,15 @@ def cluster_scheduler(kubeconfig, scheduler_name: str, policy: str, shards: int,
     from kube.rest import Rest
     from cluster.scheduler.service import Scheduler
 
+    if pod_initial_backoff > pod_max_backoff:
+        raise TidalError(f"--pod-initial-backoff {pod_initial_backoff:g} is above --pod-max-backoff "
+                         f"{pod_max_backoff:g}")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     rest = Rest.from_config(kube_client(kubeconfig).configuration)
     if bind_processes is None:
         bind_processes = min(8, (os.cpu_count() or 1) // 4)
     scheduler = Scheduler(rest, scheduler_name, policy, shards, bind_workers, stale_after, batch, fair,
-                          not no_preemption, bind_processes)
+                          not no_preemption, bind_processes, backoff=(pod_initial_backoff, pod_max_backoff))
     if metrics_port:
         from prometheus_client import start_http_server
 

@@ -61,8 +61,16 @@ class Unit:
 
 
 class Dispatcher:
-    def __init__(self, batch: int = 256, fair: bool = False) -> None:
+    def __init__(self, batch: int = 256, fair: bool = False,
+                 backoff: Optional[Tuple[float, float]] = None) -> None:
+        """``backoff``: (first, most) seconds a unit that did not fit waits before it is tried again
+        (default ``BACKOFF_FIRST``, ``BACKOFF_MAX``); a cluster whose time runs faster than the wall's (a day
+        compressed into minutes, ``cluster.day``) scales them with it."""
         self.lock = threading.Condition(threading.RLock())
+        first, most = backoff if backoff is not None else (BACKOFF_FIRST, BACKOFF_MAX)
+        if not 0 <= first <= most:
+            raise ValueError(f"backoff {first}, {most}: need 0 <= first <= most")
+        self.backoff = (float(first), float(most))
         self.batch = batch
         self.fair = fair
         self.pending: Dict[str, PodInfo] = {}  # our pods that wait for a node
@@ -224,7 +232,8 @@ class Dispatcher:
         with self.lock:
             attempts = self._attempts.get(key, 0) + 1 if backoff else self._attempts.get(key, 0)
             self._attempts[key] = attempts
-            delay = min(BACKOFF_MAX, BACKOFF_FIRST * 2 ** max(0, attempts - 1)) if backoff else 0.0
+            first, most = self.backoff
+            delay = min(most, first * 2 ** max(0, attempts - 1)) if backoff else 0.0
             now = time.monotonic()
             # a gang waiting for members wakes on a member's arrival (add), not on the cluster's changes
             self.parked[key] = Parked(version if backoff else -1, now, now + delay, reason, attempts)

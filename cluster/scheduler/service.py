@@ -48,14 +48,15 @@ NOMINATION_SECONDS = 30.0
 class Scheduler:
     def __init__(self, rest: Rest, name: str = "tidal-scheduler", policy: str = "pack", shards: int = 1,
                  bind_workers: int = 32, stale_after: float = 120.0, batch: int = 256, fair: bool = False,
-                 preemption: bool = True, bind_processes: int = 0) -> None:
+                 preemption: bool = True, bind_processes: int = 0,
+                 backoff: Optional[Tuple[float, float]] = None) -> None:
         if shards < 1:
             raise ValueError("shards must be at least 1")
         self.rest = rest
         self.name = name
         self.metrics = SchedulerMetrics()
         self.table = NodeTable()
-        self.dispatcher = Dispatcher(batch=batch, fair=fair)
+        self.dispatcher = Dispatcher(batch=batch, fair=fair, backoff=backoff)
         self.placers = [Placer(self.table, policy, stale_after, (i, shards) if shards > 1 else None)
                         for i in range(shards)]
         self.binder = Binder(rest, name, bind_workers, self._bound, self._bind_failed, self.metrics, bind_processes)

@@ -105,6 +105,8 @@ def test_values_reach_the_objects(helm):
     assert command[:3] == ["tidal", "cluster", "scheduler"] and scheduler["spec"]["replicas"] == 2
     assert command[command.index("--shards") + 1] == "2" and command[command.index("--scheduler-name") + 1] == \
         "batch-scheduler"
+    assert command[command.index("--pod-initial-backoff") + 1] == "1" and \
+        command[command.index("--pod-max-backoff") + 1] == "10"
     # the config file the chart writes is one the agent takes (every key a flag, every value its type)
     from click.testing import CliRunner
 

@@ -88,6 +88,9 @@ CASES = [
      "--yarn-nodemanager-cgroup: expected a cgroup path"),
     ("offline-run-with-qos", lambda t, r: ["run", "--socket", str(t / "none.sock"), "--offline-cgroup", "/y", "--qos",
                                            "reclaimed_cores", "--", "true"], "--qos does not go with it"),
+    ("scheduler-backoff-upside-down", lambda t, r: ["cluster", "scheduler", "--kubeconfig", str(t / "none"),
+                                                    "--pod-initial-backoff", "5", "--pod-max-backoff", "1"],
+     "--pod-initial-backoff 5 is above --pod-max-backoff 1"),
 ]
 
 

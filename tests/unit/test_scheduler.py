@@ -356,3 +356,15 @@ def test_fair_share_lets_namespaces_take_turns():
     d.add(b)
     order = [d.pop(0).pods[0].name for _ in range(4)]
     assert order.index("b0") <= 1  # team-b need not wait behind all of team-a's older pods
+
+
+def test_the_backoff_is_a_setting_and_a_bad_one_is_refused():
+    d = Dispatcher(backoff=(0.25, 0.5))
+    d.add(pod("waiting"))
+    unit = d.pop(0)
+    for attempt, wait in ((1, 0.25), (2, 0.5), (3, 0.5)):
+        d.park(unit.key, version=attempt, reason="no room")
+        parked = d.parked[unit.key]
+        assert parked.retry_after - parked.since == pytest.approx(wait)
+    with pytest.raises(ValueError):
+        Dispatcher(backoff=(2.0, 1.0))
