@@ -292,6 +292,17 @@ class _Offline:
         return busy
 
 
+def day_jobs(config: SimConfig, trace: Optional[Trace] = None) -> List[Job]:
+    """The offline jobs of a run: the trace's, or the synthetic stream (arrival minutes counted from the
+    warmup's first minute), fresh copies each call."""
+    if trace is not None and trace.jobs:
+        jobs = trace.jobs
+    else:
+        minutes = int(round(config.hours * 60)) + (0 if trace is not None else config.warmup_minutes)
+        jobs = _synthetic_jobs(config, minutes, random.Random(config.seed))
+    return [Job(j.arrival, j.name, j.cores, j.minutes, j.tier, j.node) for j in jobs]
+
+
 def _online_demand(config: SimConfig, minutes: int, trace: Optional[Trace], warmup: int = 0) -> np.ndarray:
     """Cluster-wide online demand (cores) per minute (the synthetic day starts ``warmup`` minutes early)."""
     if trace is None or not trace.online:
@@ -320,11 +331,8 @@ def run(config: SimConfig, mode: str, trace: Optional[Trace] = None) -> Dict[str
     day = int(round(config.hours * 60))
     warmup = 0 if trace is not None else config.warmup_minutes
     minutes = warmup + day
-    rng = random.Random(config.seed)
     noise_rng = np.random.default_rng(config.seed + 1)
-    jobs = trace.jobs if trace is not None and trace.jobs else _synthetic_jobs(config, minutes, rng)
-    jobs = [Job(j.arrival, j.name, j.cores, j.minutes, j.tier, j.node) for j in jobs]
-    offline = _Offline(jobs, config.nodes)
+    offline = _Offline(day_jobs(config, trace), config.nodes)
     demand = _online_demand(config, minutes, trace, warmup)
     replicas = _replicas(config, demand)
     n, cores = config.nodes, float(config.cores)
@@ -337,6 +345,7 @@ def run(config: SimConfig, mode: str, trace: Optional[Trace] = None) -> Dict[str
     moving = np.zeros(n, dtype=np.int64)  # minutes left of a transition (0: none)
     history = np.zeros((config.window_minutes, n))
     util = np.zeros(minutes)
+    offline_busy = np.zeros(minutes)  # cores offline jobs ran on, per minute (from the warmup's first)
     shortfall = 0.0
     parts = {"unplaced": 0.0, "over_node": 0.0, "reaction": 0.0}
     events = 0  # node-minutes in which online waited for cores
@@ -404,6 +413,7 @@ def run(config: SimConfig, mode: str, trace: Optional[Trace] = None) -> Dict[str
             history[0] = use / per_node_requests if per_node_requests else 0.0
             offline_capacity = float(node_capacity.sum())
         busy = offline.step(t, offline_capacity, node_capacity)
+        offline_busy[t] = busy
         util[t] = (use.sum() + busy) / total
     shortfall = sum(parts.values())
     util = util[warmup:]
@@ -419,7 +429,8 @@ def run(config: SimConfig, mode: str, trace: Optional[Trace] = None) -> Dict[str
             "lent_node_hours": round(lent_node_minutes / 60.0, 1) if mode == "tidal" else 0.0,
             "util_by_minute": util, "warmup_minutes": warmup,
             # from the warmup's first minute: a real run of the same day starts where the simulator did
-            "replicas_by_minute": replicas.astype(int), "offline_labelled_by_minute": labelled_offline}
+            "replicas_by_minute": replicas.astype(int), "offline_labelled_by_minute": labelled_offline,
+            "demand_by_minute": demand, "offline_busy_by_minute": offline_busy}
 
 
 def _lend_or_take_back(config: SimConfig, lent: np.ndarray, moving: np.ndarray, requested: float,
@@ -471,9 +482,11 @@ def simulate(config: SimConfig, trace: Optional[Trace] = None) -> Dict[str, Any]
     tidal = run(config, "tidal", trace)
     series = {"separate": separate.pop("util_by_minute"), "tidal": tidal.pop("util_by_minute"),
               "replicas": tidal.pop("replicas_by_minute"), "offline_labelled": tidal.pop("offline_labelled_by_minute")}
-    for key in ("replicas_by_minute", "offline_labelled_by_minute", "warmup_minutes"):
+    for key in ("replicas_by_minute", "offline_labelled_by_minute", "warmup_minutes", "demand_by_minute",
+                "offline_busy_by_minute"):
         separate.pop(key)
-    tidal.pop("warmup_minutes")
+    for key in ("warmup_minutes", "demand_by_minute", "offline_busy_by_minute"):
+        tidal.pop(key)
     return {"separate": separate, "tidal": tidal, "gain": round(tidal["avg_util"] - separate["avg_util"], 4),
             "config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(config).items()},
             "_series": series}

@@ -36,8 +36,10 @@ def day_plane(plane):
 
 def test_a_compressed_day_lends_and_takes_back_as_the_simulator_predicts(day_plane, hwloc_trees):
     plane, fleet = day_plane
-    # tidal bench day's defaults: 6 nodes, a day minute in 0.1 s (the day in 144 s), the controller every 30
-    # day minutes (its shipped 30 s period would be 2,880 passes in those 144 s)
+    # tidal bench day's defaults: 6 nodes, a day minute in 0.15 s (the day in 216 s), the controller every 30
+    # day minutes (its shipped 30 s period would be 2,880 passes in those 216 s). At 0.1 s the driver fell up
+    # to 6.6 day minutes behind the clock while Tidal's scheduler placed a backlog of offline pods on a node
+    # just lent
     report = day.bench(plane, fleet, node_shape("16amd64-8n2c", hwloc_trees["16amd64-8n2c"]))
     print(json.dumps(report, indent=1))
     real, lent = report["real"], report["offline_labelled_by_hour"]
@@ -53,6 +55,20 @@ def test_a_compressed_day_lends_and_takes_back_as_the_simulator_predicts(day_pla
     against = report["offline_labelled"]
     assert against["real_node_minutes"] == pytest.approx(against["predicted_node_minutes"], rel=0.05), against
     # replicas no node could hold: whole pods (7 of 2 cpus on a 15-cpu node) as demand climbs toward a
-    # take-back; predicted 4 replica-minutes, 3 here. A take-back a period late would add up to one period
+    # take-back; predicted 9 replica-minutes, 4 here. A take-back a period late would add up to one period
     assert real["unschedulable_replica_minutes"] <= report["simulator"]["unplaced_replica_minutes"] \
         + report["lending_period_minutes"], (real, report["simulator"])
+    # offline work through the day: the simulator's jobs as pods on Tidal's scheduler, the nodes' agents'
+    # rules in a stand-in (cluster.daynodes). No offline pod was killed outside a notice (every kill was its
+    # node's agent evicting by tier for online, or at the end of a take-back notice)
+    offline, predicted = real["offline"], report["simulator"]
+    assert offline["killed_outside_notice"] == 0, offline["killed_outside_notice_first"]
+    assert sum(offline["completed_by_tier"].values()) > 300, offline
+    # the cluster busier than with separate pools (here online's peak needs every node: offline gets none)
+    assert real["avg_util"] > report["separate_pools"]["avg_util"] + 0.2, (real["avg_util"], report["separate_pools"])
+    # the stated tolerance against the simulator: utilization within 5 points, offline core-hours within 15%.
+    # The real run packs whole jobs per node and evicts per node (the simulator's offline work is a fluid over
+    # the cluster's offline capacity, docs/benchmarks): it runs less and evicts more. Five runs here:
+    # utilization 76.4-77.5% against 80.5%, offline 91-94% of the predicted core-hours
+    assert abs(real["avg_util"] - predicted["avg_util"]) <= 0.05, (real["avg_util"], predicted["avg_util"])
+    assert offline["core_hours"] == pytest.approx(predicted["offline_core_hours"], rel=0.15), (offline, predicted)

@@ -45,6 +45,18 @@ def test_the_record_sums_what_was_lent_and_what_online_went_short_of():
     assert summary["lent_node_hours"] == pytest.approx(5 / 60, abs=0.01)
     assert summary["lent_core_hours"] == 1.0
     assert (summary["short_replica_minutes"], summary["minutes_short"], summary["most_short"]) == (3, 2, 2)
+    assert summary["take_back_to_replicas_running_minutes"] == [] and "avg_util" not in summary
+
+
+def test_the_record_says_how_long_after_each_take_back_every_replica_ran_again():
+    record = DayRecord(replicas=[4, 6, 6, 6, 8, 8], running=[4, 4, 5, 6, 6, 8], offline_labelled=[1] * 6,
+                       actions=["-30: lend a", "1: take back a (water level 95%)", "4: take back b (water level 97%)",
+                                "5: lend c"], offline_busy=[3.0] * 6, util=[0.5, 0.5, 0.6, 0.6, 0.7, 0.7],
+                       offline={"completed_by_tier": {"high": 1}})
+    summary = record.summary(cores_per_node=12)
+    assert summary["take_back_to_replicas_running_minutes"] == [2, 1]
+    assert summary["avg_util"] == pytest.approx(0.6) and summary["offline"]["core_hours"] == 0.3
+    assert summary["offline"]["completed_by_tier"] == {"high": 1}
 
 
 def test_the_comparison_names_where_the_runs_part():
