@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from contracts.errors import TidalError
-from contracts.states import OFFLINE, STATE_LABEL
+from contracts.states import OFFLINE
 from kube import timeouts
 
 ONLINE_APP = "tidal-day-online"
