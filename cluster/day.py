@@ -251,11 +251,9 @@ def compare(real: Sequence[int], predicted: Sequence[int]) -> Dict[str, Any]:
 def start_scheduler(plane, *flags: str, timeout: float = 60.0) -> subprocess.Popen:
     """``tidal cluster scheduler`` on ``plane`` (its log in the plane's directory), once it schedules."""
     log = os.path.join(plane.dir, "tidal-scheduler.log")
-    argv = [sys.executable, "-m", "agent.cli", "cluster", "scheduler", f"--kubeconfig={plane.kubeconfig()}",
-            "--no-leader-elect", "--metrics-port=0", *flags]
-    with open(log, "ab") as handle:
-        proc = subprocess.Popen(argv, stdout=handle, stderr=subprocess.STDOUT, cwd=REPO,
-                                env=dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", "")))
+    proc = plane._spawn("tidal-scheduler", ["env", f"PYTHONPATH={REPO}", sys.executable, "-m", "agent.cli", "cluster",
+                                            "scheduler", f"--kubeconfig={plane.kubeconfig()}", "--no-leader-elect",
+                                            "--metrics-port=0", *flags])
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         with open(log, errors="replace") as handle:

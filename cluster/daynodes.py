@@ -17,7 +17,8 @@ minute, deciding with the agents' own rules:
   it, the node's allocatable ``tidal.io/reclaimed-millicpu``, in whole cores (offline jobs ask whole
   cores; a fraction would be a node patch a minute for nothing).
 * **eviction**: offline pods whose requests exceed the node's capacity go in the agent's order
-  (``agent.qrm.eviction.choose_victims``: tier low, then min, then high, youngest first), at once (the
+  (``agent.qrm.eviction.choose_victims``, which this layer may not import: tier low, then min, then high,
+  youngest first; ``EVICTION_ORDER``), at once (the
   simulator's rule; the agent's 10 s of throttling first would be 100 day minutes here), cause ``lending``
   where a take-back notice ended this minute, ``cpu`` otherwise.
 
@@ -36,8 +37,6 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Deque, Dict, Iterable, List, Optional, Sequence, Tuple
 
-from agent.qrm.eviction import choose_victims
-from agent.qrm.model import Allocation, QoS, Tier
 from contracts.headroom import DEFAULT_BUFFER, online_estimate
 from contracts.states import CURRENT_ANNOTATION, OFFLINE, ONLINE, RECLAIMED_CPU, STATE_LABEL, TO_OFFLINE, TO_ONLINE
 
@@ -45,6 +44,22 @@ OFFLINE_APP = "tidal-day-offline"
 TIER_ANNOTATION = "tidal.io/tier"
 JOB_LABEL = "tidal.io/day-job"
 UNSCHEDULABLE_TAINT = "node.kubernetes.io/unschedulable"
+TIERS = ("high", "min", "low")
+EVICTION_ORDER = ("low", "min", "high")  # the agent's (agent.qrm.model.EVICTION_ORDER)
+
+
+def choose_victims(pods: Sequence[Tuple[str, str, int]], capacity_millicpu: int) -> List[Tuple[str, str, int]]:
+    """``pods``: (name, tier, millicpu) in admission order; those to evict for the rest to fit: tier low,
+    then min, then high, the youngest first within a tier (the agent's rule)."""
+    total = sum(p[2] for p in pods)
+    order = {p[0]: i for i, p in enumerate(pods)}
+    victims = []
+    for pod in sorted(pods, key=lambda p: (EVICTION_ORDER.index(p[1]), -order[p[0]])):
+        if total <= capacity_millicpu:
+            break
+        victims.append(pod)
+        total -= pod[2]
+    return victims
 
 
 @dataclass
@@ -153,8 +168,8 @@ class OfflineJobs:
         """Counts from here (the day's first minute, after the warmup)."""
         self.core_minutes = 0.0
         self.lost_core_minutes = 0.0
-        self.completed = {t.value: 0 for t in Tier}
-        self.evicted = {"cpu": {t.value: 0 for t in Tier}, "lending": {t.value: 0 for t in Tier}}
+        self.completed = {t: 0 for t in TIERS}
+        self.evicted = {"cpu": {t: 0 for t in TIERS}, "lending": {t: 0 for t in TIERS}}
         self.evicted_fresh = 0  # evictions of a pod bound this minute or the one before (its work lost: ~nothing)
         self.killed_outside_notice: List[str] = []  # "minute: pod on node (state)"
         self.created = 0
@@ -231,16 +246,15 @@ class OfflineJobs:
         said = []
         for node, pods in sorted(self.by_node().items()):
             pods.sort(key=lambda p: (p[1].bound, p[0]))  # admission order: the youngest last
-            allocs = [Allocation(name, QoS.RECLAIMED, int(round(self.jobs[t.job].cores * 1000)),
-                                 tier=Tier(self.jobs[t.job].tier)) for name, t in pods]
-            victims = choose_victims(allocs, capacity.get(node, 0))
+            victims = choose_victims([(name, self.jobs[t.job].tier, int(round(self.jobs[t.job].cores * 1000)))
+                                      for name, t in pods], capacity.get(node, 0))
             cause = "lending" if node in notice_ended else "cpu"
-            for victim in victims:
-                tracked = self.pods[victim.name]
-                self.evicted[cause][victim.tier.value] += 1
+            for name, tier, _ in victims:
+                tracked = self.pods[name]
+                self.evicted[cause][tier] += 1
                 self.evicted_fresh += int(minute - tracked.bound <= 1)
                 self._lose(tracked, minute)
-                self._delete(victim.name)
+                self._delete(name)
                 self.retry.append(tracked.job)
             if victims:
                 said.append(f"{minute}: {node} evicts {len(victims)} offline pod(s) ({cause})")

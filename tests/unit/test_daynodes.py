@@ -142,3 +142,14 @@ def test_a_pod_gone_without_its_agents_word_is_killed_outside_a_notice_and_runs_
     api.pods["job-0-1"]["metadata"]["deletionTimestamp"] = "2026-11-28T00:00:00Z"
     jobs.observe(6, api.listed(), {})
     assert len(jobs.killed_outside_notice) == 2
+
+
+def test_the_eviction_order_is_the_agents():
+    from agent.qrm.eviction import choose_victims as agents
+    from agent.qrm.model import Allocation, QoS, Tier
+    from cluster.daynodes import choose_victims
+
+    pods = [("a", "high", 4000), ("b", "low", 2000), ("c", "min", 3000), ("d", "low", 1000), ("e", "high", 2000)]
+    for capacity in (0, 3000, 6000, 9000, 12000):
+        theirs = agents([Allocation(n, QoS.RECLAIMED, m, tier=Tier(t)) for n, t, m in pods], capacity)
+        assert [v[0] for v in choose_victims(pods, capacity)] == [a.name for a in theirs], capacity
