@@ -5,9 +5,10 @@ offline work on Tidal's scheduler.
 real ones and records what happened, minute by minute, for the two to be set side by side (``bench``):
 
 * an online Deployment (the Kubernetes deployment and replicaset controllers, the scheduler the cluster
-  runs) scaled, each day minute, to the replicas the simulator's day asks for at that minute
-  (``SimConfig``'s HPA rule on its demand curve: the series is the simulator's own, so that the two runs
-  differ only where the components do);
+  runs) scaled by Kubernetes' HorizontalPodAutoscaler on its pods' cpu, which ``cluster.daymetrics`` serves
+  through the resource metrics API from the simulator's demand curve (its own series, so that the two runs
+  differ only where the components do; the simulator models the HPA's rule, tolerance and stabilisation);
+  or, without the HPA, scaled each minute to the replicas the simulator's rule asks for;
 * the lending controller (``cluster.lending``, as shipped: cordon, the Eviction API, the node-state
   label) every ``lending_period`` day minutes, on a ``DayClock``, the day compressed into
   ``seconds_per_minute`` of wall time each minute; its online windows read the day's clock;
@@ -18,13 +19,13 @@ real ones and records what happened, minute by minute, for the two to be set sid
 
 Recorded per day minute: the nodes labelled Offline, the replicas asked for and those running on online
 nodes, the cores offline work ran on and the cluster's cpu busy; over the day, offline jobs completed,
-evicted (by tier and cause) and killed outside a notice. Left out here, and said so: the
-HorizontalPodAutoscaler itself (the replicas come from the simulator's HPA rule), online latency (KWOK pods
-serve nothing), and real agents (a stand-in on KWOK nodes).
+evicted (by tier and cause) and killed outside a notice. Left out here, and said so: online latency (KWOK
+pods serve nothing), and real agents (a stand-in on KWOK nodes).
 """
 
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import sys
@@ -82,7 +83,7 @@ class DayClock:
 
 @dataclass
 class DayRecord:
-    replicas: List[int] = field(default_factory=list)  # asked for, per day minute
+    replicas: List[int] = field(default_factory=list)  # asked for (the HPA's, or the script's), per day minute
     running: List[int] = field(default_factory=list)  # running on online nodes at the minute's sample
     unschedulable: List[int] = field(default_factory=list)  # pods the scheduler found no node for
     offline_labelled: List[int] = field(default_factory=list)  # nodes labelled Offline
@@ -143,10 +144,17 @@ def deployment(namespace: str, replicas: int, replica_cores: float, image: str, 
 def run_day(api_client, namespace: str, replicas: Sequence[int], replica_cores: float, clock: DayClock,
             lending, lending_period: int = 30, image: str = "registry.k8s.io/pause:3.10",
             node_selector: Optional[Dict[str, str]] = None, progress: Callable[[str], None] = lambda _: None,
-            first_minute: int = 0, nodes=None, jobs=None, demand: Optional[Sequence[float]] = None) -> DayRecord:
+            first_minute: int = 0, nodes=None, jobs=None, demand: Optional[Sequence[float]] = None,
+            autoscaler: Optional[Dict[str, Any]] = None, metrics=None) -> DayRecord:
     """The day (``replicas``: one figure per minute, the first being day minute ``first_minute``: negative
     for minutes before the day's midnight) on the cluster ``api_client`` reaches; ``lending``: a
     ``cluster.lending.LendingController`` (its ``step`` is called with the day clock's time).
+
+    With ``autoscaler`` (a HorizontalPodAutoscaler, ``cluster.daymetrics.hpa``) and ``metrics`` (a
+    ``cluster.daymetrics.DayMetrics`` registered with the API server) the HPA scales the Deployment on the
+    use ``metrics`` shows, told each minute which pods serve ``demand``: ``replicas`` gives the first
+    minute's only, and the record holds what the HPA asked for. Without, the Deployment is scaled to
+    ``replicas`` minute by minute.
 
     With offline work: ``nodes`` (a ``cluster.daynodes.NodeStandIn`` over every node of the day), ``jobs``
     (``cluster.daynodes.OfflineJobs``, arrival minutes counted like ``replicas``) and ``demand`` (online's
@@ -162,6 +170,9 @@ def run_day(api_client, namespace: str, replicas: Sequence[int], replica_cores: 
         raise DayError("a day of no minutes")
     if (nodes is None) != (jobs is None) or (jobs is not None and (demand is None or len(demand) < len(replicas))):
         raise DayError("offline work needs the nodes' stand-in, the jobs and a demand figure for every minute")
+    if (autoscaler is None) != (metrics is None) or (metrics is not None and (demand is None
+                                                                             or len(demand) < len(replicas))):
+        raise DayError("the autoscaler needs its metrics and a demand figure for every minute")
     apps = client.AppsV1Api(api_client)
     rest = Rest.from_config(api_client.configuration)  # the minute's reads as JSON: the client's objects are slow
     apps.create_namespaced_deployment(namespace, deployment(namespace, int(replicas[0]), replica_cores, image,
@@ -178,6 +189,10 @@ def run_day(api_client, namespace: str, replicas: Sequence[int], replica_cores: 
                                f"replicas ready after 120 s")
             break
         time.sleep(0.2)
+    if autoscaler is not None:
+        # the first minute's use shown before the HPA's first look, which would otherwise find no metric
+        metrics.update(_serving(rest, namespace), float(demand[0]))
+        rest.json("POST", f"/apis/autoscaling/v2/namespaces/{namespace}/horizontalpodautoscalers", autoscaler)
     clock.reset()
     record, current, started = DayRecord(), int(replicas[0]), time.monotonic()
     for minute, want in enumerate(int(r) for r in replicas):
@@ -189,7 +204,10 @@ def run_day(api_client, namespace: str, replicas: Sequence[int], replica_cores: 
             if day_minute == 0:
                 jobs.reset()  # counted from the day's first minute, as the simulator counts
             jobs.arrive(minute)  # first in the minute: bound by the time the pods are read below
-        if want != current:
+        if autoscaler is not None:
+            want = int((rest.json("GET", f"/apis/apps/v1/namespaces/{namespace}/deployments/{ONLINE_APP}")
+                        .get("spec") or {}).get("replicas") or 0)
+        elif want != current:
             apps.patch_namespaced_deployment_scale(ONLINE_APP, namespace, {"spec": {"replicas": want}},
                                                    _request_timeout=timeouts.CALL)
             current = want
@@ -204,6 +222,10 @@ def run_day(api_client, namespace: str, replicas: Sequence[int], replica_cores: 
         serving = [p for p in ours if (p.get("status") or {}).get("phase") == "Running" and p["spec"].get("nodeName")
                    and not p["metadata"].get("deletionTimestamp")]
         running = sum(1 for p in serving if p["spec"]["nodeName"] not in offline)
+        if metrics is not None:
+            # the minute's demand over the pods a Service would send it to (running, not on a lent node)
+            metrics.update([p["metadata"]["name"] for p in serving if p["spec"]["nodeName"] not in offline],
+                           float(demand[minute]))
         unschedulable = sum(1 for p in ours if not p["spec"].get("nodeName") and any(
             c.get("type") == "PodScheduled" and c.get("reason") == "Unschedulable"
             for c in (p.get("status") or {}).get("conditions") or []))
@@ -238,6 +260,27 @@ def run_day(api_client, namespace: str, replicas: Sequence[int], replica_cores: 
     return record
 
 
+def _serving(rest, namespace: str) -> List[str]:
+    """The online pods running (before the day: no node is lent yet)."""
+    pods = rest.json("GET", f"/api/v1/namespaces/{namespace}/pods?labelSelector=app%3D{ONLINE_APP}").get("items") or []
+    return [p["metadata"]["name"] for p in pods if (p.get("status") or {}).get("phase") == "Running"
+            and p["spec"].get("nodeName") and not p["metadata"].get("deletionTimestamp")]
+
+
+def compare_replicas(real: Sequence[int], predicted: Sequence[int], tolerance: float = 0.0) -> Dict[str, Any]:
+    """Replicas asked for, minute by minute: the HPA's against the simulator's model of it. Two HPAs with
+    one rule may each hold anywhere inside its ``tolerance`` (they do not move while the use is within it of
+    the target), so where they began apart they stay apart until the use leaves the band:
+    ``outside_tolerance`` counts the minutes further apart than that band of the prediction."""
+    if len(real) != len(predicted):
+        raise DayError(f"{len(real)} real minutes against {len(predicted)} predicted")
+    apart = [m for m, (a, b) in enumerate(zip(real, predicted)) if a != b]
+    outside = [m for m in apart if abs(real[m] - predicted[m]) > math.ceil(tolerance * predicted[m])]
+    return {"real_replica_minutes": int(sum(real)), "predicted_replica_minutes": int(sum(predicted)),
+            "minutes_apart": len(apart), "outside_tolerance": len(outside), "first_outside_tolerance": outside[:10],
+            "most_apart": max((abs(a - b) for a, b in zip(real, predicted)), default=0)}
+
+
 def compare(real: Sequence[int], predicted: Sequence[int]) -> Dict[str, Any]:
     """Nodes labelled Offline, minute by minute, the real run against the simulator's."""
     if len(real) != len(predicted):
@@ -269,15 +312,35 @@ def start_scheduler(plane, *flags: str, timeout: float = 60.0) -> subprocess.Pop
     raise DayError(f"tidal cluster scheduler did not start in {timeout:g} s: {tail}")
 
 
-def bench(plane, fleet, shape: Dict[str, Any], nodes: int = 6, seconds_per_minute: float = 0.15,
+DEFAULT_SECONDS_PER_MINUTE = 0.2  # the HPA's 5-minute scale-down window is then 1 s, a whole second
+HPA_TARGET = 0.6
+
+
+def controllers(seconds_per_minute: float = DEFAULT_SECONDS_PER_MINUTE) -> Dict[str, Any]:
+    """What a day needs of kube-controller-manager (``ControlPlane.start_controller_manager``'s arguments):
+    the deployment, replicaset and HPA controllers, the HPA looking once a day minute (its 15 s default would
+    be 75 day minutes at 0.2 s a minute)."""
+    return {"extra": ("deployment-controller", "replicaset-controller", "horizontal-pod-autoscaler-controller"),
+            "flags": (f"--horizontal-pod-autoscaler-sync-period={max(1, round(seconds_per_minute * 1000))}ms",)}
+
+
+def hpa_window(seconds_per_minute: float, minutes: int) -> int:
+    """The HPA's scale-down stabilisation for ``minutes`` of a compressed day, in the whole seconds its field
+    takes (at least 1)."""
+    return max(1, int(round(minutes * seconds_per_minute)))
+
+
+def bench(plane, fleet, shape: Dict[str, Any], nodes: int = 6, seconds_per_minute: float = DEFAULT_SECONDS_PER_MINUTE,
           lending_period: int = 30, hours: float = 24.0, online_peak_share: float = 0.5, replica_cores: int = 2,
-          threshold: float = 0.9, notice: int = 5, offline: bool = True, namespace: str = "tidal-day",
-          progress: Callable[[str], None] = lambda _: None) -> Dict[str, Any]:
-    """The simulator's day for ``nodes`` machines of ``shape``, then the same day on ``plane`` (its deployment
-    and replicaset controllers and a scheduler running) over KWOK nodes of that shape (``fleet``, KWOK
-    started): the report of both and where they part. With ``offline``, the simulator's offline jobs run
-    through the day as pods placed by Tidal's scheduler (started here) on what ``cluster.daynodes``'
-    stand-in for the nodes' agents offers."""
+          threshold: float = 0.9, notice: int = 5, offline: bool = True, autoscaler: bool = True,
+          namespace: str = "tidal-day", progress: Callable[[str], None] = lambda _: None) -> Dict[str, Any]:
+    """The simulator's day for ``nodes`` machines of ``shape``, then the same day on ``plane`` (its controllers
+    as ``controllers()`` says and a scheduler running) over KWOK nodes of that shape (``fleet``, KWOK
+    started): the report of both and where they part. With ``autoscaler``, a HorizontalPodAutoscaler scales
+    online on the use ``cluster.daymetrics`` serves (started here); without, the simulator's replicas are
+    set minute by minute. With ``offline``, the simulator's offline jobs run through the day as pods placed by
+    Tidal's scheduler (started here) on what ``cluster.daynodes``' stand-in for the nodes' agents offers."""
+    from cluster.daymetrics import DayMetrics, hpa
     from cluster.daynodes import NodeStandIn, OfflineJobs
     from cluster.lending import LendingController
     from cluster.scheduler.queue import BACKOFF_FIRST, BACKOFF_MAX
@@ -285,9 +348,13 @@ def bench(plane, fleet, shape: Dict[str, Any], nodes: int = 6, seconds_per_minut
     from kube.rest import Rest
 
     cores = int(shape["allocatable"]["cpu"])
+    # the HPA's scale-down window in whole seconds, and the simulator's model of it in the day minutes that is
+    down_s = hpa_window(seconds_per_minute, SimConfig.hpa_down_minutes)
     # noise 0: the replicas are the demand curve's own
     config = SimConfig(nodes=nodes, cores=cores, hours=hours, noise=0.0, online_peak_share=online_peak_share,
-                       replica_cores=replica_cores, lending_threshold=threshold,
+                       replica_cores=replica_cores, hpa_target=HPA_TARGET,
+                       hpa_down_minutes=max(1, int(round(down_s / seconds_per_minute))) if autoscaler
+                       else SimConfig.hpa_down_minutes, lending_threshold=threshold,
                        lending_period_s=lending_period * 60.0, notice_minutes=notice if offline else 0)
     predicted = simulate_run(config, "tidal")
     separate = simulate_run(config, "separate")
@@ -303,9 +370,15 @@ def bench(plane, fleet, shape: Dict[str, Any], nodes: int = 6, seconds_per_minut
     progress(f"{nodes} nodes of {shape['name']} ({cores} cpus each) Ready; the day (and {warmup} minutes before "
              f"it) in {len(replicas) * seconds_per_minute:.0f} s")
     lending = LendingController(plane.api_client(), threshold=threshold, echo=lambda _: None)
-    scheduler = stand_in = jobs = None
+    rest = Rest.from_config(plane.api_client().configuration)
+    scheduler = stand_in = jobs = metrics = scaler = None
+    if autoscaler:
+        metrics = DayMetrics(namespace, {"app": ONLINE_APP, "tidal.io/day": "online"})
+        certs = plane.extender_certs()  # a serving certificate for 127.0.0.1 (the APIService skips verifying it)
+        metrics.register(rest, metrics.start(certs["tls_crt"], certs["tls_key"]))
+        scaler = hpa(namespace, ONLINE_APP, HPA_TARGET, max_replicas=nodes * cores // replica_cores,
+                     down_window_s=down_s)
     if offline:
-        rest = Rest.from_config(plane.api_client().configuration)
         stand_in = NodeStandIn(rest, names, cores, reserve=config.reserve_cores, notice=notice,
                                window=config.window_minutes, buffer=config.buffer)
         stand_in.publish(stand_in.capacity({}, 0.0))
@@ -321,8 +394,12 @@ def bench(plane, fleet, shape: Dict[str, Any], nodes: int = 6, seconds_per_minut
     try:
         record = run_day(plane.api_client(), namespace, replicas, replica_cores, DayClock(seconds_per_minute),
                          lending, lending_period=lending_period, progress=progress, first_minute=-warmup,
-                         nodes=stand_in, jobs=jobs, demand=predicted["demand_by_minute"]).day(warmup)
+                         nodes=stand_in, jobs=jobs, demand=predicted["demand_by_minute"], autoscaler=scaler,
+                         metrics=metrics).day(warmup)
     finally:
+        if metrics is not None:
+            metrics.stop()
+            metrics.unregister(rest)
         if scheduler is not None:
             scheduler.terminate()
             try:
@@ -342,7 +419,12 @@ def bench(plane, fleet, shape: Dict[str, Any], nodes: int = 6, seconds_per_minut
                             "evictions_by_tier": predicted["evictions_by_tier"]},
               "separate_pools": {"avg_util": separate["avg_util"], "online_nodes": separate["online_nodes_at_peak"],
                                  "offline_core_hours": separate["offline_core_hours"]},
+              "autoscaler": {"kind": "HorizontalPodAutoscaler", "scale_down_window_s": down_s,
+                             "scale_down_window_minutes": config.hpa_down_minutes,
+                             "tolerance": config.hpa_tolerance, "target": HPA_TARGET,
+                             "metric_lists_served": metrics.requests} if metrics is not None else None,
+              "replicas": compare_replicas(record.replicas, replicas[warmup:], config.hpa_tolerance if autoscaler else 0.0),
               "offline_labelled": compare(record.offline_labelled, offline_predicted),
               "offline_labelled_by_hour": {"real": record.offline_labelled[::60], "simulator": offline_predicted[::60]},
-              "replicas_by_hour": replicas[::60], "actions": record.actions, "evictions": record.evictions}
+              "replicas_by_hour": {"real": record.replicas[::60], "simulator": replicas[warmup:][::60]}, "actions": record.actions, "evictions": record.evictions}
     return report

@@ -6,9 +6,10 @@ Model (every number a ``SimConfig`` field):
   peak, at ``valley_hour``) rising to the evening peak (``peak_hour``) and
   back, cosine-shaped on each side; the peak is ``online_peak_share`` of the
   cluster's cores. Each node's share wobbles by up to ``noise`` every minute.
-  Replicas (``replica_cores`` requested each) scale like an HPA on
+  Replicas (``replica_cores`` requested each) scale as Kubernetes' HPA does on
   utilisation: up at once to demand / (request x ``hpa_target``), down only
-  after ``hpa_down_minutes`` of lower demand.
+  after ``hpa_down_minutes`` of lower demand, and not at all while the use is
+  within ``hpa_tolerance`` (10%, the HPA's default) of the target.
 * **Offline jobs** arrive continuously (Poisson; ``offline_demand_share`` of
   the cluster's cores on average), each with cores, a duration and a tier.
   Waiting jobs start highest tier first; when capacity shrinks, running jobs
@@ -52,10 +53,11 @@ arrivals. Errors name the line.
 from __future__ import annotations
 
 import csv
+from collections import deque
 import math
 import random
 from dataclasses import asdict, dataclass, field
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Deque, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -84,6 +86,7 @@ class SimConfig:
     replica_cores: int = 4
     hpa_target: float = 0.6
     hpa_down_minutes: int = 5
+    hpa_tolerance: float = 0.1  # the HPA's (kube-controller-manager --horizontal-pod-autoscaler-tolerance)
     offline_demand_share: float = 0.6
     job_cores: Tuple[int, ...] = (1, 2, 4, 8)
     job_minutes: float = 30.0
@@ -103,8 +106,10 @@ class SimConfig:
             raise TidalError("nodes, cores and hours must be positive")
         if not 0 < self.online_peak_share <= 1 or not 0 < self.valley_ratio <= 1:
             raise TidalError("online_peak_share and valley_ratio must be in (0, 1]")
-        if self.buffer < 0 or self.noise < 0 or not 0 < self.hpa_target <= 1:
-            raise TidalError("buffer and noise must be >= 0, hpa_target in (0, 1]")
+        if self.buffer < 0 or self.noise < 0 or not 0 < self.hpa_target <= 1 or not 0 <= self.hpa_tolerance < 1:
+            raise TidalError("buffer and noise must be >= 0, hpa_target in (0, 1], hpa_tolerance in [0, 1)")
+        if self.hpa_down_minutes < 1:
+            raise TidalError("hpa_down_minutes must be >= 1")
         if not 0 < self.lending_threshold <= 1:
             raise TidalError("lending_threshold must be in (0, 1]")
         if self.notice_minutes < 0 or self.lending_period_s <= 0:
@@ -318,11 +323,25 @@ def _online_demand(config: SimConfig, minutes: int, trace: Optional[Trace], warm
 
 
 def _replicas(config: SimConfig, demand: np.ndarray) -> np.ndarray:
-    """HPA: up at once, down after hpa_down_minutes (a running max over the window)."""
+    """The HorizontalPodAutoscaler's rule once a minute, as Kubernetes' replica calculator and its
+    stabilisation apply it: the recommendation is demand / (request x target) rounded up, or the replicas
+    there are while their use is within ``hpa_tolerance`` of the target; up at once to it, down only to the
+    highest recommendation of the last ``hpa_down_minutes``. (With no tolerance: a running max of the
+    demand's replicas over the window.)"""
     want = np.ceil(demand / (config.replica_cores * config.hpa_target))
     out = np.empty_like(want)
+    recent: Deque[float] = deque(maxlen=config.hpa_down_minutes)
+    current = float(want[0]) if len(want) else 0.0
     for t in range(len(want)):
-        out[t] = want[max(0, t - config.hpa_down_minutes + 1):t + 1].max()
+        asked = current * config.replica_cores * config.hpa_target
+        inside = asked > 0 and abs(demand[t] / asked - 1.0) <= config.hpa_tolerance
+        recommended = current if inside else float(want[t])
+        recent.append(recommended)
+        if recommended > current:
+            current = recommended
+        elif current > max(recent):
+            current = max(recent)
+        out[t] = current
     return out
 
 

@@ -151,10 +151,11 @@ class ControlPlane:
 
         _wait(healthy, "kube-apiserver", timeout=120, proc=api, log=f"{d}/kube-apiserver.log")
 
-    def start_controller_manager(self, extra: Sequence[str] = ()) -> None:
+    def start_controller_manager(self, extra: Sequence[str] = (), flags: Sequence[str] = ()) -> None:
         """What a DaemonSet and pods need of kube-controller-manager (and ``extra`` controllers, such as
-        ``deployment-controller``); not the node lifecycle controller, which would taint the node NotReady: with
-        no CNI plugin the runtime's network is never ready (every pod of the node tiers is hostNetwork)."""
+        ``deployment-controller``, with their ``flags``); not the node lifecycle controller, which would taint
+        the node NotReady: with no CNI plugin the runtime's network is never ready (every pod of the node tiers
+        is hostNetwork)."""
         d = self.dir
         proc = self._spawn("kube-controller-manager", [
             f"{self.bin}/kube-controller-manager", f"--kubeconfig={self.kubeconfig()}",
@@ -162,7 +163,7 @@ class ControlPlane:
             "root-ca-certificate-publisher-controller,garbage-collector-controller,pod-garbage-collector-controller,"
             "namespace-controller" + "".join(f",{c}" for c in extra),
             f"--root-ca-file={d}/certs/apiserver.crt", f"--service-account-private-key-file={d}/sa.key",
-            "--leader-elect=false", f"--secure-port={free_port()}", "--bind-address=127.0.0.1", "--v=1"])
+            "--leader-elect=false", f"--secure-port={free_port()}", "--bind-address=127.0.0.1", "--v=1", *flags])
         _wait(lambda: "Started controller" in _tail(f"{d}/kube-controller-manager.log", 400)
               or "Starting controller" in _tail(f"{d}/kube-controller-manager.log", 400),
               "kube-controller-manager", timeout=60, proc=proc, log=f"{d}/kube-controller-manager.log")

@@ -153,8 +153,8 @@ def bench_scheduler(nodes: int, pods: int, mode: str, rate, numa_share: float, s
               help="KWOK nodes, all of one machine's shape.")
 @click.option("--shape", default="16amd64-8n2c", show_default=True,
               help="The machine (a name under --shapes) the nodes are made from.")
-@click.option("--seconds-per-minute", default=0.15, show_default=True, type=FiniteRange(0.01, 60),
-              help="Wall seconds per day minute (0.15: the day in 216 s).")
+@click.option("--seconds-per-minute", default=0.2, show_default=True, type=FiniteRange(0.01, 60),
+              help="Wall seconds per day minute (0.2: the day in 288 s; the HPA's 5-minute scale-down window 1 s).")
 @click.option("--lending-period", default=30, show_default=True, type=click.IntRange(1, 1440),
               help="Day minutes between the lending controller's passes.")
 @click.option("--hours", default=24.0, show_default=True, type=FiniteRange(1, 24 * 7))
@@ -164,10 +164,13 @@ def bench_scheduler(nodes: int, pods: int, mode: str, rate, numa_share: float, s
               help="Day minutes of a lending or take-back notice (the nodes' agents'; with --offline).")
 @click.option("--offline/--no-offline", default=True, show_default=True,
               help="Run the simulator's offline jobs through the day (Tidal's scheduler places them).")
+@click.option("--hpa/--no-hpa", "autoscaler", default=True, show_default=True,
+              help="Scale online with a HorizontalPodAutoscaler on its pods' cpu (served by the bench through the "
+                   "resource metrics API); --no-hpa sets the simulator's replicas minute by minute.")
 @ROOT_DIR_OPTION
 @click.option("--json", "as_json", is_flag=True, help="JSON output (always JSON; progress on stderr).")
 def bench_day(nodes: int, shape: str, seconds_per_minute: float, lending_period: int, hours: float, threshold: float,
-              notice: int, offline: bool, shapes_dir, as_json: bool) -> None:
+              notice: int, offline: bool, autoscaler: bool, shapes_dir, as_json: bool) -> None:
     """A day compressed onto a local control plane with KWOK nodes, beside the simulator's prediction: the
     online replicas it asks for, the lending controller as shipped, offline jobs on Tidal's scheduler over
     what the nodes' agents' rules offer; nodes lent, utilization and offline work, both ways."""
@@ -192,13 +195,13 @@ def bench_day(nodes: int, shape: str, seconds_per_minute: float, lending_period:
     plane = ControlPlane(binaries).start()
     fleet = Fleet(plane, kwok)
     try:
-        plane.start_controller_manager(extra=("deployment-controller", "replicaset-controller"))
+        plane.start_controller_manager(**day.controllers(seconds_per_minute))
         plane.start_default_scheduler()
         fleet.install_crds()
         fleet.start_kwok()
         result = day.bench(plane, fleet, shapes[shape], nodes=nodes, seconds_per_minute=seconds_per_minute,
                            lending_period=lending_period, hours=hours, threshold=threshold, notice=notice,
-                           offline=offline, progress=say)
+                           offline=offline, autoscaler=autoscaler, progress=say)
     except (RuntimeError, TimeoutError, ApiError, ApiException) as exc:
         raise TidalError(str(exc)) from None
     finally:
