@@ -31,7 +31,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from contracts.errors import TidalError
 from contracts.states import OFFLINE
@@ -145,7 +145,8 @@ def run_day(api_client, namespace: str, replicas: Sequence[int], replica_cores: 
             lending, lending_period: int = 30, image: str = "registry.k8s.io/pause:3.10",
             node_selector: Optional[Dict[str, str]] = None, progress: Callable[[str], None] = lambda _: None,
             first_minute: int = 0, nodes=None, jobs=None, demand: Optional[Sequence[float]] = None,
-            autoscaler: Optional[Dict[str, Any]] = None, metrics=None) -> DayRecord:
+            autoscaler: Optional[Dict[str, Any]] = None, metrics=None,
+            metrics_gap: Optional[Tuple[int, int]] = None) -> DayRecord:
     """The day (``replicas``: one figure per minute, the first being day minute ``first_minute``: negative
     for minutes before the day's midnight) on the cluster ``api_client`` reaches; ``lending``: a
     ``cluster.lending.LendingController`` (its ``step`` is called with the day clock's time).
@@ -153,8 +154,9 @@ def run_day(api_client, namespace: str, replicas: Sequence[int], replica_cores: 
     With ``autoscaler`` (a HorizontalPodAutoscaler, ``cluster.daymetrics.hpa``) and ``metrics`` (a
     ``cluster.daymetrics.DayMetrics`` registered with the API server) the HPA scales the Deployment on the
     use ``metrics`` shows, told each minute which pods serve ``demand``: ``replicas`` gives the first
-    minute's only, and the record holds what the HPA asked for. Without, the Deployment is scaled to
-    ``replicas`` minute by minute.
+    minute's only, and the record holds what the HPA asked for; in ``metrics_gap`` (minutes of the day,
+    start and end) the measurement is missing and ``metrics`` falls back as it does. Without, the Deployment
+    is scaled to ``replicas`` minute by minute.
 
     With offline work: ``nodes`` (a ``cluster.daynodes.NodeStandIn`` over every node of the day), ``jobs``
     (``cluster.daynodes.OfflineJobs``, arrival minutes counted like ``replicas``) and ``demand`` (online's
@@ -224,8 +226,9 @@ def run_day(api_client, namespace: str, replicas: Sequence[int], replica_cores: 
         running = sum(1 for p in serving if p["spec"]["nodeName"] not in offline)
         if metrics is not None:
             # the minute's demand over the pods a Service would send it to (running, not on a lent node)
+            missing = metrics_gap is not None and in_day_window(metrics_gap, day_minute)
             metrics.update([p["metadata"]["name"] for p in serving if p["spec"]["nodeName"] not in offline],
-                           float(demand[minute]))
+                           None if missing else float(demand[minute]), day_minute)
         unschedulable = sum(1 for p in ours if not p["spec"].get("nodeName") and any(
             c.get("type") == "PodScheduled" and c.get("reason") == "Unschedulable"
             for c in (p.get("status") or {}).get("conditions") or []))
@@ -258,6 +261,12 @@ def run_day(api_client, namespace: str, replicas: Sequence[int], replica_cores: 
     if jobs is not None:
         record.offline = jobs.summary()
     return record
+
+
+def in_day_window(window: Tuple[int, int], day_minute: int) -> bool:
+    """Whether ``day_minute`` (any day's) falls in ``window``, minutes of the day (may wrap midnight)."""
+    start, end, minute = window[0], window[1], day_minute % (24 * 60)
+    return (start <= minute < end) if start <= end else (minute >= start or minute < end)
 
 
 def _serving(rest, namespace: str) -> List[str]:
@@ -333,12 +342,15 @@ def hpa_window(seconds_per_minute: float, minutes: int) -> int:
 def bench(plane, fleet, shape: Dict[str, Any], nodes: int = 6, seconds_per_minute: float = DEFAULT_SECONDS_PER_MINUTE,
           lending_period: int = 30, hours: float = 24.0, online_peak_share: float = 0.5, replica_cores: int = 2,
           threshold: float = 0.9, notice: int = 5, offline: bool = True, autoscaler: bool = True,
-          namespace: str = "tidal-day", progress: Callable[[str], None] = lambda _: None) -> Dict[str, Any]:
+          metrics_gap: Optional[str] = None, fallback: bool = True, namespace: str = "tidal-day",
+          progress: Callable[[str], None] = lambda _: None) -> Dict[str, Any]:
     """The simulator's day for ``nodes`` machines of ``shape``, then the same day on ``plane`` (its controllers
     as ``controllers()`` says and a scheduler running) over KWOK nodes of that shape (``fleet``, KWOK
     started): the report of both and where they part. With ``autoscaler``, a HorizontalPodAutoscaler scales
     online on the use ``cluster.daymetrics`` serves (started here); without, the simulator's replicas are
-    set minute by minute. With ``offline``, the simulator's offline jobs run through the day as pods placed by
+    set minute by minute; ``metrics_gap`` ("HH:MM-HH:MM") takes the metrics' measurement away for those
+    minutes of each day, yesterday's same minute standing in (``fallback``; the simulator's curve repeats
+    daily, so yesterday is remembered as today's curve) or nothing. With ``offline``, the simulator's offline jobs run through the day as pods placed by
     Tidal's scheduler (started here) on what ``cluster.daynodes``' stand-in for the nodes' agents offers."""
     from cluster.daymetrics import DayMetrics, hpa
     from cluster.daynodes import NodeStandIn, OfflineJobs
@@ -347,6 +359,9 @@ def bench(plane, fleet, shape: Dict[str, Any], nodes: int = 6, seconds_per_minut
     from cluster.simulate import SimConfig, day_jobs, run as simulate_run
     from kube.rest import Rest
 
+    from cluster.lending import parse_window
+
+    gap = parse_window(metrics_gap) if metrics_gap else None
     cores = int(shape["allocatable"]["cpu"])
     # the HPA's scale-down window in whole seconds, and the simulator's model of it in the day minutes that is
     down_s = hpa_window(seconds_per_minute, SimConfig.hpa_down_minutes)
@@ -373,7 +388,9 @@ def bench(plane, fleet, shape: Dict[str, Any], nodes: int = 6, seconds_per_minut
     rest = Rest.from_config(plane.api_client().configuration)
     scheduler = stand_in = jobs = metrics = scaler = None
     if autoscaler:
-        metrics = DayMetrics(namespace, {"app": ONLINE_APP, "tidal.io/day": "online"})
+        metrics = DayMetrics(namespace, {"app": ONLINE_APP, "tidal.io/day": "online"}, fallback=fallback)
+        for minute, cores_used in enumerate(predicted["demand_by_minute"]):
+            metrics.remember(minute - warmup - 24 * 60, float(cores_used))
         certs = plane.extender_certs()  # a serving certificate for 127.0.0.1 (the APIService skips verifying it)
         metrics.register(rest, metrics.start(certs["tls_crt"], certs["tls_key"]))
         scaler = hpa(namespace, ONLINE_APP, HPA_TARGET, max_replicas=nodes * cores // replica_cores,
@@ -395,7 +412,7 @@ def bench(plane, fleet, shape: Dict[str, Any], nodes: int = 6, seconds_per_minut
         record = run_day(plane.api_client(), namespace, replicas, replica_cores, DayClock(seconds_per_minute),
                          lending, lending_period=lending_period, progress=progress, first_minute=-warmup,
                          nodes=stand_in, jobs=jobs, demand=predicted["demand_by_minute"], autoscaler=scaler,
-                         metrics=metrics).day(warmup)
+                         metrics=metrics, metrics_gap=gap).day(warmup)
     finally:
         if metrics is not None:
             metrics.stop()
@@ -422,7 +439,9 @@ def bench(plane, fleet, shape: Dict[str, Any], nodes: int = 6, seconds_per_minut
               "autoscaler": {"kind": "HorizontalPodAutoscaler", "scale_down_window_s": down_s,
                              "scale_down_window_minutes": config.hpa_down_minutes,
                              "tolerance": config.hpa_tolerance, "target": HPA_TARGET,
-                             "metric_lists_served": metrics.requests} if metrics is not None else None,
+                             "metric_lists_served": metrics.requests, "metrics_gap": metrics_gap,
+                             "fallback": fallback, "fallback_minutes": metrics.fallback_minutes,
+                             "missing_minutes": metrics.missing_minutes} if metrics is not None else None,
               "replicas": compare_replicas(record.replicas, replicas[warmup:], config.hpa_tolerance if autoscaler else 0.0),
               "offline_labelled": compare(record.offline_labelled, offline_predicted),
               "offline_labelled_by_hour": {"real": record.offline_labelled[::60], "simulator": offline_predicted[::60]},

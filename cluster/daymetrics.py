@@ -13,6 +13,12 @@ may not hold a loopback address (and nothing here routes a ClusterIP). TLS is th
 ``APIService`` skipping its verification, as a test cluster registers metrics-server with
 ``--kubelet-insecure-tls`` and no CA bundle.
 
+When a minute's measurement is missing (``update(pods, None, minute)``: a scrape that failed, a source
+down), the same minute of yesterday stands in, spread over today's pods, where the source has it (what it
+showed then, or what it was told yesterday looked like: ``remember``); otherwise it shows nothing, and the
+HPA holds its replicas as it does when metrics-server has nothing (``ScalingActive`` false), however the
+load moves meanwhile.
+
 What a pod's metric says, so that the HPA counts it the minute the day does: ``timestamp`` now (to the
 microsecond) and a ``window`` of 1 ms. The HPA ignores a started pod's cpu while its metric's window began
 before the pod became Ready; metrics-server's 15 s window would, at a day minute of a fraction of a second,
@@ -35,6 +41,7 @@ APISERVICE = f"{VERSION}.{GROUP}"
 SERVICE = "tidal-day-metrics"
 PREFIX = f"/apis/{GROUP}/{VERSION}"
 WINDOW = "1ms"
+DAY = 24 * 60
 
 
 def parse_selector(text: str) -> Dict[str, str]:
@@ -52,18 +59,41 @@ class DayMetrics:
     """``update(pods, demand)`` each day minute; ``start(cert, key)`` serves; ``register(rest)`` makes the API
     server route ``metrics.k8s.io`` here."""
 
-    def __init__(self, namespace: str, labels: Dict[str, str], container: str = "web") -> None:
-        self.namespace, self.labels, self.container = namespace, dict(labels), container
+    def __init__(self, namespace: str, labels: Dict[str, str], container: str = "web",
+                 fallback: bool = True) -> None:
+        self.namespace, self.labels, self.container, self.fallback = namespace, dict(labels), container, fallback
         self._lock = threading.Lock()
         self._use: Dict[str, int] = {}  # pod -> millicpu
+        self._seen: Dict[int, float] = {}  # day minute -> the demand shown (or remembered)
         self.requests = 0  # lists served (the HPA reads once per sync)
+        self.fallback_minutes = 0  # minutes yesterday's figure stood in
+        self.missing_minutes = 0  # minutes nothing was shown
         self._server: Optional[ThreadingHTTPServer] = None
 
-    def update(self, pods: Sequence[str], demand_cores: float) -> None:
-        """The pods serving this minute, sharing ``demand_cores`` evenly."""
+    def remember(self, minute: int, demand_cores: float) -> None:
+        """What the demand was at day minute ``minute`` (negative: before today), for a later minute's
+        fallback; a figure the source showed itself is not replaced."""
+        self._seen.setdefault(int(minute), float(demand_cores))
+
+    def update(self, pods: Sequence[str], demand_cores: Optional[float], minute: Optional[int] = None) \
+            -> Optional[float]:
+        """The pods serving this minute, sharing ``demand_cores`` evenly; ``None``: the minute's measurement is
+        missing, and yesterday's same minute stands in (if known and ``fallback``), else nothing is shown.
+        Returns the demand shown (``None``: none)."""
+        if demand_cores is None:
+            demand_cores = self._seen.get(minute - DAY) if minute is not None and self.fallback else None
+            if demand_cores is None:
+                self.missing_minutes += 1
+                with self._lock:
+                    self._use = {}
+                return None
+            self.fallback_minutes += 1
+        elif minute is not None:
+            self._seen[minute] = float(demand_cores)
         share = int(round(1000.0 * max(0.0, float(demand_cores)) / len(pods))) if pods else 0
         with self._lock:
             self._use = {name: share for name in pods}
+        return float(demand_cores)
 
     def pod_metrics(self, selector: Dict[str, str], name: Optional[str] = None) -> Dict[str, Any]:
         if any(self.labels.get(k) != v for k, v in selector.items()):

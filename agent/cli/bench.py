@@ -167,15 +167,21 @@ def bench_scheduler(nodes: int, pods: int, mode: str, rate, numa_share: float, s
 @click.option("--hpa/--no-hpa", "autoscaler", default=True, show_default=True,
               help="Scale online with a HorizontalPodAutoscaler on its pods' cpu (served by the bench through the "
                    "resource metrics API); --no-hpa sets the simulator's replicas minute by minute.")
+@click.option("--metrics-gap", default=None, metavar="HH:MM-HH:MM",
+              help="Minutes of the day when the HPA's metrics have no measurement (with --hpa).")
+@click.option("--fallback/--no-fallback", default=True, show_default=True,
+              help="In a metrics gap, show yesterday's use of the same minute (else nothing: the HPA holds).")
 @ROOT_DIR_OPTION
 @click.option("--json", "as_json", is_flag=True, help="JSON output (always JSON; progress on stderr).")
 def bench_day(nodes: int, shape: str, seconds_per_minute: float, lending_period: int, hours: float, threshold: float,
-              notice: int, offline: bool, autoscaler: bool, shapes_dir, as_json: bool) -> None:
+              notice: int, offline: bool, autoscaler: bool, metrics_gap: Optional[str], fallback: bool, shapes_dir,
+              as_json: bool) -> None:
     """A day compressed onto a local control plane with KWOK nodes, beside the simulator's prediction: the
     online replicas it asks for, the lending controller as shipped, offline jobs on Tidal's scheduler over
     what the nodes' agents' rules offer; nodes lent, utilization and offline work, both ways."""
     from agent.bench.fleet import shapes as fleet_shapes
     from cluster import day
+    from cluster.lending import parse_window
     from cluster.scheduler.fleet import Fleet, kwok_binary
     from kube.localplane import ControlPlane, testbin
     from kube.rest import ApiError
@@ -184,6 +190,13 @@ def bench_day(nodes: int, shape: str, seconds_per_minute: float, lending_period:
     shapes = {s["name"]: s for s in fleet_shapes(_captured_trees(shapes_dir))}
     if shape not in shapes:
         raise TidalError(f"--shape {shape}: not among the machines ({', '.join(sorted(shapes))})")
+    if metrics_gap is not None:
+        if not autoscaler:
+            raise TidalError("--metrics-gap: the metrics are the HPA's (drop --no-hpa)")
+        try:
+            parse_window(metrics_gap)
+        except TidalError:
+            raise TidalError(f"--metrics-gap {metrics_gap!r}: expected HH:MM-HH:MM within 00:00-23:59") from None
     binaries, kwok = testbin(), kwok_binary()
     if binaries is None or kwok is None:
         raise TidalError("tidal bench day needs the control plane and KWOK: make k8s-testbin kwok")
@@ -201,7 +214,8 @@ def bench_day(nodes: int, shape: str, seconds_per_minute: float, lending_period:
         fleet.start_kwok()
         result = day.bench(plane, fleet, shapes[shape], nodes=nodes, seconds_per_minute=seconds_per_minute,
                            lending_period=lending_period, hours=hours, threshold=threshold, notice=notice,
-                           offline=offline, autoscaler=autoscaler, progress=say)
+                           offline=offline, autoscaler=autoscaler, metrics_gap=metrics_gap, fallback=fallback,
+                           progress=say)
     except (RuntimeError, TimeoutError, ApiError, ApiException) as exc:
         raise TidalError(str(exc)) from None
     finally:

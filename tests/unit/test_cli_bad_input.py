@@ -91,6 +91,10 @@ CASES = [
     ("scheduler-backoff-upside-down", lambda t, r: ["cluster", "scheduler", "--kubeconfig", str(t / "none"),
                                                     "--pod-initial-backoff", "5", "--pod-max-backoff", "1"],
      "--pod-initial-backoff 5 is above --pod-max-backoff 1"),
+    ("day-metrics-gap-bad", lambda t, r: ["bench", "day", "--metrics-gap", "25:00-26:00"],
+     "--metrics-gap '25:00-26:00': expected HH:MM-HH:MM"),
+    ("day-metrics-gap-no-hpa", lambda t, r: ["bench", "day", "--no-hpa", "--metrics-gap", "08:00-09:00"],
+     "--metrics-gap: the metrics are the HPA's"),
 ]
 
 

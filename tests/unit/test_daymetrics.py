@@ -9,7 +9,7 @@ import urllib.request
 import numpy as np
 import pytest
 
-from cluster.day import controllers, compare_replicas, hpa_window
+from cluster.day import controllers, compare_replicas, hpa_window, in_day_window
 from cluster.daymetrics import APISERVICE, DayMetrics, hpa, parse_selector
 from cluster.simulate import SimConfig, _replicas
 
@@ -108,3 +108,27 @@ def test_replicas_compared_allow_two_hpas_their_tolerance():
     assert out["minutes_apart"] == 3 and out["outside_tolerance"] == 1 and out["first_outside_tolerance"] == [3]
     assert out["most_apart"] == 4 and out["real_replica_minutes"] == 94
     assert compare_replicas([21], [20])["outside_tolerance"] == 1
+
+
+def test_a_missing_minute_shows_yesterdays_same_minute_or_nothing():
+    metrics = DayMetrics("day", LABELS)
+    metrics.remember(-24 * 60 + 600, 9.0)  # yesterday 10:00, as remembered
+    assert metrics.update(["web-a", "web-b"], 4.0, 540) == 4.0  # today 09:00, measured
+    assert metrics.update(["web-a", "web-b", "web-c"], None, 600) == 9.0  # 10:00 missing: yesterday's
+    listed = metrics.answer("GET", "/apis/metrics.k8s.io/v1beta1/pods")[1]["items"]
+    assert [i["containers"][0]["usage"]["cpu"] for i in listed] == ["3000m"] * 3
+    assert metrics.update(["web-a"], None, 601) is None  # nothing known of yesterday 10:01: nothing shown
+    assert metrics.answer("GET", "/apis/metrics.k8s.io/v1beta1/pods")[1]["items"] == []
+    # what the source showed itself is tomorrow's fallback, and a remembered figure does not replace it
+    metrics.remember(540, 1.0)
+    assert metrics.update(["web-a"], None, 540 + 24 * 60) == 4.0
+    assert (metrics.fallback_minutes, metrics.missing_minutes) == (2, 1)
+    without = DayMetrics("day", LABELS, fallback=False)
+    without.remember(-24 * 60 + 600, 9.0)
+    assert without.update(["web-a"], None, 600) is None and without.missing_minutes == 1
+
+
+def test_a_gap_is_minutes_of_every_day_and_may_wrap_midnight():
+    assert in_day_window((480, 660), 600) and in_day_window((480, 660), 600 + 24 * 60)
+    assert not in_day_window((480, 660), 660) and in_day_window((480, 660), 480 - 24 * 60)
+    assert in_day_window((1380, 60), 30) and in_day_window((1380, 60), -30) and not in_day_window((1380, 60), 120)
