@@ -9,9 +9,9 @@ over the ready pods). The HPA itself, its controller, its behaviour and its arit
 
 Registered as metrics-server is (an ``APIService`` for ``v1beta1.metrics.k8s.io``) but behind a Service of type
 ExternalName, ``localhost``: the aggregator resolves such a Service to its name, where Endpoints of a Service
-may not hold a loopback address (and nothing here routes a ClusterIP). TLS is this server's own, the
-``APIService`` skipping its verification, as a test cluster registers metrics-server with
-``--kubelet-insecure-tls`` and no CA bundle.
+may not hold a loopback address (and nothing here routes a ClusterIP). TLS is this server's own
+certificate, the ``APIService`` skipping its verification (``insecureSkipTLSVerify``), as metrics-server's
+own manifest registers it.
 
 When a minute's measurement is missing (``update(pods, None, minute)``: a scrape that failed, a source
 down), the same minute of yesterday stands in, spread over today's pods, where the source has it (what it
