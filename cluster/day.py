@@ -177,7 +177,9 @@ def run_day(api_client, namespace: str, replicas: Sequence[int], replica_cores: 
         raise DayError("the autoscaler needs its metrics and a demand figure for every minute")
     apps = client.AppsV1Api(api_client)
     rest = Rest.from_config(api_client.configuration)  # the minute's reads as JSON: the client's objects are slow
-    apps.create_namespaced_deployment(namespace, deployment(namespace, int(replicas[0]), replica_cores, image,
+    # an HPA does not scale a Deployment of no replicas (scaling is off at zero): it starts with its minimum
+    first = max(1, int(replicas[0])) if autoscaler is not None else int(replicas[0])
+    apps.create_namespaced_deployment(namespace, deployment(namespace, first, replica_cores, image,
                                                             {"tidal.io/day": "online"}, node_selector),
                                       _request_timeout=timeouts.CALL)
     # the day starts from the first minute's replicas all running, as a cluster in service would: a lending
@@ -185,9 +187,9 @@ def run_day(api_client, namespace: str, replicas: Sequence[int], replica_cores: 
     deadline = time.monotonic() + 120
     while True:
         got = apps.read_namespaced_deployment(ONLINE_APP, namespace, _request_timeout=timeouts.CALL)
-        if (got.status.ready_replicas or 0) >= int(replicas[0]) or time.monotonic() > deadline:
-            if (got.status.ready_replicas or 0) < int(replicas[0]):
-                raise DayError(f"the online Deployment had {got.status.ready_replicas or 0} of {int(replicas[0])} "
+        if (got.status.ready_replicas or 0) >= first or time.monotonic() > deadline:
+            if (got.status.ready_replicas or 0) < first:
+                raise DayError(f"the online Deployment had {got.status.ready_replicas or 0} of {first} "
                                f"replicas ready after 120 s")
             break
         time.sleep(0.2)
@@ -196,7 +198,7 @@ def run_day(api_client, namespace: str, replicas: Sequence[int], replica_cores: 
         metrics.update(_serving(rest, namespace), float(demand[0]))
         rest.json("POST", f"/apis/autoscaling/v2/namespaces/{namespace}/horizontalpodautoscalers", autoscaler)
     clock.reset()
-    record, current, started = DayRecord(), int(replicas[0]), time.monotonic()
+    record, current, started = DayRecord(), first, time.monotonic()
     for minute, want in enumerate(int(r) for r in replicas):
         late = clock.wait_until(minute)
         day_minute = first_minute + minute
@@ -342,7 +344,7 @@ def hpa_window(seconds_per_minute: float, minutes: int) -> int:
 def bench(plane, fleet, shape: Dict[str, Any], nodes: int = 6, seconds_per_minute: float = DEFAULT_SECONDS_PER_MINUTE,
           lending_period: int = 30, hours: float = 24.0, online_peak_share: float = 0.5, replica_cores: int = 2,
           threshold: float = 0.9, notice: int = 5, offline: bool = True, autoscaler: bool = True,
-          metrics_gap: Optional[str] = None, fallback: bool = True, namespace: str = "tidal-day",
+          metrics_gap: Optional[str] = None, fallback: bool = True, trace=None, namespace: str = "tidal-day",
           progress: Callable[[str], None] = lambda _: None) -> Dict[str, Any]:
     """The simulator's day for ``nodes`` machines of ``shape``, then the same day on ``plane`` (its controllers
     as ``controllers()`` says and a scheduler running) over KWOK nodes of that shape (``fleet``, KWOK
@@ -350,7 +352,10 @@ def bench(plane, fleet, shape: Dict[str, Any], nodes: int = 6, seconds_per_minut
     online on the use ``cluster.daymetrics`` serves (started here); without, the simulator's replicas are
     set minute by minute; ``metrics_gap`` ("HH:MM-HH:MM") takes the metrics' measurement away for those
     minutes of each day, yesterday's same minute standing in (``fallback``; the simulator's curve repeats
-    daily, so yesterday is remembered as today's curve) or nothing. With ``offline``, the simulator's offline jobs run through the day as pods placed by
+    daily, so yesterday is remembered as today's curve) or nothing. ``trace``: a ``cluster.simulate.Trace``
+    (``read_trace``) in place of the synthetic day: its online demand (cores, the whole cluster's) and its
+    offline jobs, a job pinned to ``node-K`` placed on the day's K-th node; no warmup, as the simulator
+    replays a trace. With ``offline``, the simulator's offline jobs run through the day as pods placed by
     Tidal's scheduler (started here) on what ``cluster.daynodes``' stand-in for the nodes' agents offers."""
     from cluster.daymetrics import DayMetrics, hpa
     from cluster.daynodes import NodeStandIn, OfflineJobs
@@ -371,8 +376,8 @@ def bench(plane, fleet, shape: Dict[str, Any], nodes: int = 6, seconds_per_minut
                        hpa_down_minutes=max(1, int(round(down_s / seconds_per_minute))) if autoscaler
                        else SimConfig.hpa_down_minutes, lending_threshold=threshold,
                        lending_period_s=lending_period * 60.0, notice_minutes=notice if offline else 0)
-    predicted = simulate_run(config, "tidal")
-    separate = simulate_run(config, "separate")
+    predicted = simulate_run(config, "tidal", trace)
+    separate = simulate_run(config, "separate", trace)
     # both runs start at the simulator's warmup (its nodes unlent, its queues empty) and are compared over the day
     warmup = predicted["warmup_minutes"]
     replicas = [int(r) for r in predicted["replicas_by_minute"]]
@@ -399,7 +404,7 @@ def bench(plane, fleet, shape: Dict[str, Any], nodes: int = 6, seconds_per_minut
         stand_in = NodeStandIn(rest, names, cores, reserve=config.reserve_cores, notice=notice,
                                window=config.window_minutes, buffer=config.buffer)
         stand_in.publish(stand_in.capacity({}, 0.0))
-        jobs = OfflineJobs(rest, namespace, day_jobs(config))
+        jobs = OfflineJobs(rest, namespace, day_jobs(config, trace), node_names=names)
         # Tidal's scheduler places the offline pods: `tidal cluster scheduler`, as the chart runs it but for two
         # settings for the compressed day, said here: its backoff (1 s doubling to 10 s between tries of a
         # pod that did not fit) scaled to the day's clock as the rest of the day is (as shipped, 10 s would

@@ -155,8 +155,10 @@ class OfflineJobs:
     """The simulator's offline jobs (``cluster.simulate.Job``) as pods through the day."""
 
     def __init__(self, rest, namespace: str, jobs: Sequence, scheduler: str = "tidal-scheduler",
-                 image: str = "registry.k8s.io/pause:3.10") -> None:
+                 image: str = "registry.k8s.io/pause:3.10", node_names: Sequence[str] = ()) -> None:
+        """``node_names``: the nodes a trace's pinned job (``Job.node``, an index) may name."""
         self.rest, self.namespace, self.scheduler, self.image = rest, namespace, scheduler, image
+        self.node_names = list(node_names)
         self.jobs = sorted(jobs, key=lambda j: j.arrival)
         self.next = 0
         self.retry: List[int] = []  # jobs to create again (evicted, or killed)
@@ -172,6 +174,7 @@ class OfflineJobs:
         self.evicted = {"cpu": {t: 0 for t in TIERS}, "lending": {t: 0 for t in TIERS}}
         self.evicted_fresh = 0  # evictions of a pod bound this minute or the one before (its work lost: ~nothing)
         self.killed_outside_notice: List[str] = []  # "minute: pod on node (state)"
+        self.pinned_elsewhere: List[str] = []  # "pod on node": a pinned job's pod bound to another node
         self.created = 0
 
     def _create(self, index: int) -> None:
@@ -188,6 +191,10 @@ class OfflineJobs:
                          "containers": [{"name": "task", "image": self.image,
                                          "resources": {"requests": {RECLAIMED_CPU: millicpu},
                                                        "limits": {RECLAIMED_CPU: millicpu}}}]}}
+        if job.node is not None:  # a trace's job pinned to one node waits for room there
+            if not 0 <= job.node < len(self.node_names):
+                raise ValueError(f"job {job.name!r} is pinned to node-{job.node}: the day has {len(self.node_names)} nodes")
+            body["spec"]["nodeSelector"] = {"kubernetes.io/hostname": self.node_names[job.node]}
         self.rest.json("POST", f"/api/v1/namespaces/{self.namespace}/pods", body)
         self.pods[name] = _Pod(index, attempt)
         self.created += 1
@@ -229,6 +236,9 @@ class OfflineJobs:
             node = seen[name]
             if node and tracked.bound is None:
                 tracked.bound, tracked.node = minute, node
+                pin = self.jobs[tracked.job].node
+                if pin is not None and self.node_names[pin] != node:
+                    self.pinned_elsewhere.append(f"{name} on {node}")
 
     def _lose(self, tracked: _Pod, minute: int) -> None:
         if tracked.bound is not None:
@@ -283,7 +293,8 @@ class OfflineJobs:
                 "evicted_within_a_minute_of_binding": self.evicted_fresh,
                 "killed_outside_notice": len(self.killed_outside_notice),
                 "killed_outside_notice_first": self.killed_outside_notice[:10],
-                "pods_created": self.created, "waiting_at_end": sum(1 for p in self.pods.values() if p.bound is None)}
+                "pods_created": self.created, "waiting_at_end": sum(1 for p in self.pods.values() if p.bound is None),
+                "pinned_jobs": sum(1 for j in self.jobs if j.node is not None), "pinned_elsewhere": self.pinned_elsewhere}
 
 
 def node_labels(nodes: Iterable[dict]) -> Dict[str, str]:

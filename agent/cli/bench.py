@@ -171,11 +171,14 @@ def bench_scheduler(nodes: int, pods: int, mode: str, rate, numa_share: float, s
               help="Minutes of the day when the HPA's metrics have no measurement (with --hpa).")
 @click.option("--fallback/--no-fallback", default=True, show_default=True,
               help="In a metrics gap, show yesterday's use of the same minute (else nothing: the HPA holds).")
+@click.option("--trace", "trace_path", default=None, type=click.Path(dir_okay=False),
+              help="Run this CSV trace's day (tidal cluster simulate's format: online demand in cores for the whole "
+                   "cluster, offline jobs) instead of the synthetic one; node-K is the day's K-th node.")
 @ROOT_DIR_OPTION
 @click.option("--json", "as_json", is_flag=True, help="JSON output (always JSON; progress on stderr).")
 def bench_day(nodes: int, shape: str, seconds_per_minute: float, lending_period: int, hours: float, threshold: float,
-              notice: int, offline: bool, autoscaler: bool, metrics_gap: Optional[str], fallback: bool, shapes_dir,
-              as_json: bool) -> None:
+              notice: int, offline: bool, autoscaler: bool, metrics_gap: Optional[str], fallback: bool,
+              trace_path: Optional[str], shapes_dir, as_json: bool) -> None:
     """A day compressed onto a local control plane with KWOK nodes, beside the simulator's prediction: the
     online replicas it asks for, the lending controller as shipped, offline jobs on Tidal's scheduler over
     what the nodes' agents' rules offer; nodes lent, utilization and offline work, both ways."""
@@ -183,6 +186,7 @@ def bench_day(nodes: int, shape: str, seconds_per_minute: float, lending_period:
     from cluster import day
     from cluster.lending import parse_window
     from cluster.scheduler.fleet import Fleet, kwok_binary
+    from cluster.simulate import read_trace
     from kube.localplane import ControlPlane, testbin
     from kube.rest import ApiError
     from kubernetes.client.exceptions import ApiException
@@ -197,6 +201,7 @@ def bench_day(nodes: int, shape: str, seconds_per_minute: float, lending_period:
             parse_window(metrics_gap)
         except TidalError:
             raise TidalError(f"--metrics-gap {metrics_gap!r}: expected HH:MM-HH:MM within 00:00-23:59") from None
+    trace = read_trace(trace_path, nodes) if trace_path else None
     binaries, kwok = testbin(), kwok_binary()
     if binaries is None or kwok is None:
         raise TidalError("tidal bench day needs the control plane and KWOK: make k8s-testbin kwok")
@@ -215,7 +220,7 @@ def bench_day(nodes: int, shape: str, seconds_per_minute: float, lending_period:
         result = day.bench(plane, fleet, shapes[shape], nodes=nodes, seconds_per_minute=seconds_per_minute,
                            lending_period=lending_period, hours=hours, threshold=threshold, notice=notice,
                            offline=offline, autoscaler=autoscaler, metrics_gap=metrics_gap, fallback=fallback,
-                           progress=say)
+                           trace=trace, progress=say)
     except (RuntimeError, TimeoutError, ApiError, ApiException) as exc:
         raise TidalError(str(exc)) from None
     finally:

@@ -93,6 +93,9 @@ CASES = [
      "--pod-initial-backoff 5 is above --pod-max-backoff 1"),
     ("day-metrics-gap-bad", lambda t, r: ["bench", "day", "--metrics-gap", "25:00-26:00"],
      "--metrics-gap '25:00-26:00': expected HH:MM-HH:MM"),
+    ("day-trace-bad-node", lambda t, r: ["bench", "day", "--nodes", "3", "--trace", file_with(
+        t, "t.csv", b"minute,kind,name,cores,duration_min,tier,node\n0,offline,j,2,30,low,node-3\n")],
+     "unknown node id 'node-3' (the cluster has node-0 .. node-2)"),
     ("day-metrics-gap-no-hpa", lambda t, r: ["bench", "day", "--no-hpa", "--metrics-gap", "08:00-09:00"],
      "--metrics-gap: the metrics are the HPA's"),
 ]

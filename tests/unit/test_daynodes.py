@@ -92,6 +92,21 @@ def test_jobs_arrive_as_reclaimed_pods_for_tidals_scheduler_that_tolerate_a_lent
         in pod["spec"]["tolerations"]
 
 
+def test_a_traces_pinned_job_asks_for_its_node_and_one_bound_elsewhere_is_said():
+    api = Api()
+    pinned = [Job(0, "a", 2, 10, "high", 1), Job(0, "b", 2, 10, "low", None)]
+    jobs = OfflineJobs(api, "day", pinned, node_names=["n0", "n1"])
+    jobs.arrive(0)
+    assert api.pods["job-0-0"]["spec"]["nodeSelector"] == {"kubernetes.io/hostname": "n1"}
+    assert "nodeSelector" not in api.pods["job-1-0"]["spec"]
+    api.bind("job-0-0", "n0")  # a scheduler that ignored the selector
+    api.bind("job-1-0", "n0")
+    jobs.observe(0, api.listed(), {})
+    assert jobs.summary()["pinned_jobs"] == 1 and jobs.summary()["pinned_elsewhere"] == ["job-0-0 on n0"]
+    with pytest.raises(ValueError):
+        OfflineJobs(Api(), "day", [Job(0, "c", 1, 1, "low", 5)], node_names=["n0"]).arrive(0)
+
+
 def test_a_job_runs_its_minutes_once_bound_and_is_done():
     api = Api()
     jobs = OfflineJobs(api, "day", jobs_of((0, 2, 2.5, "min")))
