@@ -40,9 +40,13 @@ def test_a_users_trace_runs_through_the_real_components_as_the_simulator_replays
     by_hour = report["replicas_by_hour"]
     assert by_hour["simulator"][0] == 15 and max(by_hour["real"]) <= 40, by_hour
     assert replicas["real_replica_minutes"] == pytest.approx(replicas["predicted_replica_minutes"], rel=0.05), replicas
-    # apart only where the real HPA acts on a step's use a minute after it is shown: one minute at each step
-    # (00:45 up, 01:30 down), however far the step moves the replicas (a run here: those 2 minutes, 23 apart)
-    assert replicas["minutes_apart"] <= 2 * 2 and replicas["outside_tolerance"] <= 2, replicas
+    # apart only where the real HPA acts on a step's use after the model does, one to two day minutes
+    # (`cluster.day.HPA_LAG_MINUTES`: the day shows a minute's use after reading its replicas, and the HPA
+    # looks once a day minute), at each step (00:45 up, 01:30 down), however far the step moves the replicas;
+    # nowhere a figure the model did not ask for then or in the lag before. Six runs here: 3 or 4 minutes
+    # apart, all lagging (CI once saw 3 where the count without the lag allowed 2)
+    assert replicas["lag_minutes"] == 2 and replicas["outside_tolerance"] == 0, replicas
+    assert replicas["minutes_apart"] <= 2 * replicas["lag_minutes"], replicas
     # the lending decisions the simulator predicts (one period late at most on each)
     lent = report["offline_labelled"]
     assert lent["predicted_node_minutes"] > 0 and any(": take back " in a for a in report["actions"]), report["actions"]

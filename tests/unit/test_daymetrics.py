@@ -106,8 +106,23 @@ def test_replicas_compared_allow_two_hpas_their_tolerance():
     out = compare_replicas([20, 21, 22, 26, 5], [20, 20, 20, 22, 5], tolerance=0.1)
     # 21 and 22 are within 10% of 20 (2 replicas); 26 is not within 10% of 22 (3)
     assert out["minutes_apart"] == 3 and out["outside_tolerance"] == 1 and out["first_outside_tolerance"] == [3]
+    assert out["apart_at"] == [[1, 21, 20], [2, 22, 20], [3, 26, 22]]
     assert out["most_apart"] == 4 and out["real_replica_minutes"] == 94
     assert compare_replicas([21], [20])["outside_tolerance"] == 1
+
+
+def test_replicas_compared_allow_the_real_hpa_its_lag_and_no_more():
+    # a step up at minute 2 and down at minute 6: the real HPA two minutes late on each
+    predicted = [15, 15, 38, 38, 38, 38, 15, 15, 15, 15]
+    real = [15, 15, 15, 15, 38, 38, 38, 38, 15, 15]
+    out = compare_replicas(real, predicted, tolerance=0.1, lag=2)
+    assert out["minutes_apart"] == 4 and out["lagging"] == 4 and out["outside_tolerance"] == 0
+    # a minute later than the lag is outside, as is any minute with no lag allowed
+    late = compare_replicas([15, 15, 15, 15, 15, 38, 38, 38, 38, 15], predicted, tolerance=0.1, lag=2)
+    assert late["first_outside_tolerance"] == [4, 8] and late["lagging"] == 4
+    assert compare_replicas(real, predicted, tolerance=0.1)["outside_tolerance"] == 4
+    # a figure the model never asked for is outside whatever the lag
+    assert compare_replicas([15, 15, 27, 38], [15, 15, 38, 38], tolerance=0.1, lag=2)["first_outside_tolerance"] == [2]
 
 
 def test_a_missing_minute_shows_yesterdays_same_minute_or_nothing():
