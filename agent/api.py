@@ -530,6 +530,9 @@ class Servers:
                 pass
 
 
+_UNIX_PATH_MAX = 108  # sockaddr_un's sun_path, its closing NUL included
+
+
 def _prepare_socket_path(path: str) -> None:
     import stat as _stat
 
@@ -553,20 +556,45 @@ def _prepare_socket_path(path: str) -> None:
 
 def _listen_unix(path: str, option: str, via: str, agent, owner: Optional[int], group: Optional[int],
                  mode: int) -> "_UnixServer":
+    """A server listening on ``path``, which appears only once it listens, with its group and mode: bound
+    to ``.<name>`` in the same directory, then linked to ``path`` (a client that sees the file can connect;
+    link(), unlike rename(), fails where another agent made ``path`` meanwhile). Where ``.<name>`` would
+    be longer than a socket's address may be, ``path`` itself is bound (it then appears a moment before the
+    agent listens)."""
     _prepare_socket_path(path)
+    staging = os.path.join(os.path.dirname(path), "." + os.path.basename(path))
+    if len(os.fsencode(staging)) >= _UNIX_PATH_MAX:
+        staging = path
+    if staging != path and os.path.lexists(staging):
+        os.unlink(staging)  # what an agent killed while it started left
     old_umask = os.umask(0o177)
+    server = None
     try:
-        server = _UnixServer(path, _Handler, bind_and_activate=False)
+        server = _UnixServer(staging, _Handler, bind_and_activate=False)
         server.via = via
         server.server_bind()
         server.server_activate()
+        if group is not None:
+            os.chown(staging, -1, group)
+        os.chmod(staging, mode)
+        if staging != path:
+            os.link(staging, path)  # the owner stays ours until here: linking another's file takes CAP_FOWNER
+        if owner is not None and owner != os.geteuid():
+            os.chown(path, owner, -1)
+    except FileExistsError:
+        server.server_close()
+        raise TidalError(f"{path}: another agent is already serving here") from None
     except OSError as exc:
+        if server is not None:
+            server.server_close()
         raise TidalError(f"{option} {path}: cannot listen: {exc.strerror or exc}") from None
     finally:
         os.umask(old_umask)
-    if owner is not None or group is not None:
-        os.chown(path, 0 if owner is None else owner, -1 if group is None else group)
-    os.chmod(path, mode)
+        if staging != path:
+            try:
+                os.unlink(staging)
+            except OSError:
+                pass
     server.agent = agent
     return server
 

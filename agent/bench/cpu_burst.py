@@ -82,7 +82,7 @@ TREATMENTS = {"burst": (), "no_burst": ("--online-cpu-burst", "0")}
 
 
 def _agent(work: str, base: str, extra) -> subprocess.Popen:
-    from agent.client import AgentClient, AgentUnavailable
+    from agent.client import AgentClient
 
     sock = os.path.join(work, "a.sock")
     with tempfile.TemporaryFile() as log:  # the agent's output, shown if it does not start
@@ -91,15 +91,7 @@ def _agent(work: str, base: str, extra) -> subprocess.Popen:
                                 stdout=log, stderr=subprocess.STDOUT)
         client = AgentClient(sock, timeout=15)
         deadline = time.monotonic() + 60
-
-        def ready() -> bool:
-            # the socket's file appears at bind(), before listen(): a connect between them is refused
-            try:
-                return os.path.exists(sock) and client.call("GET", "/v1/health")[0] == 200
-            except AgentUnavailable:
-                return False
-
-        while not ready():
+        while not (os.path.exists(sock) and client.call("GET", "/v1/health")[0] == 200):
             if proc.poll() is not None or time.monotonic() > deadline:
                 proc.kill()
                 log.seek(0)

@@ -13,7 +13,7 @@ import uuid
 
 import pytest
 
-from agent.client import AgentClient, AgentUnavailable
+from agent.client import AgentClient
 from tests.conftest import privileged, terminate
 from tests.offline_cgroup import OfflineCgroup
 
@@ -30,18 +30,10 @@ def start_agent(tmp_path, base, *args):
     log.close()
     client = AgentClient(sock, timeout=15)
     deadline = time.monotonic() + 60
-    while not (os.path.exists(sock) and _health(client)):
+    while not (os.path.exists(sock) and client.call("GET", "/v1/health")[0] == 200):
         assert agent.poll() is None and time.monotonic() < deadline, (tmp_path / "agent.log").read_text()
         time.sleep(0.1)
     return agent, client
-
-
-def _health(client) -> bool:
-    """the agent answers; a connect between its socket's bind() and listen() is refused: not yet"""
-    try:
-        return client.call("GET", "/v1/health")[0] == 200
-    except AgentUnavailable:
-        return False
 
 
 def online_while(client, proc, seconds):
