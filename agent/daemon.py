@@ -539,7 +539,10 @@ class Agent:
                 "kernel_work": {"confined": sorted(self.harvest.kernel_work.names()),
                                 "probation": sorted(self.harvest.confined() - self.harvest.kernel_work.names()),
                                 "kernel_millicpu": dict(self.harvest.kernel_work.kernel_millicpu),
-                                "confinements": self.harvest.kernel_work.confinements},
+                                "confinements": self.harvest.kernel_work.confinements,
+                                # with nothing lent: each one's wait at the minimum quota, and all waits'
+                                "waiting_seconds": self.harvest.kernel_work.waiting(),
+                                "waited_seconds_total": round(self.harvest.kernel_work.waited_seconds, 1)},
                 "node_state": self.lending.current.state,
                 "online_millicpu": self.usage.online_millicpu,
                 "offline_cgroups": [{"path": p, "millicpu": self.usage.offline_usage.get(p)}

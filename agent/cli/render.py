@@ -59,7 +59,9 @@ def status_lines(data: Dict[str, Any]) -> List[str]:
     kernel = data.get("kernel_work")
     if kernel and kernel["confined"]:
         out.append("reclaimed work kept off online's idle cpus (it runs in the kernel): " + ", ".join(
-            f"{name} ({kernel['kernel_millicpu'].get(name, '-')} millicpu in the kernel)" for name in kernel["confined"]))
+            f"{name} ({kernel['kernel_millicpu'].get(name, '-')} millicpu in the kernel"
+            + (f"; nothing lent: waiting at the minimum quota for {kernel['waiting_seconds'][name]:g} s"
+               if name in (kernel.get("waiting_seconds") or {}) else "") + ")" for name in kernel["confined"]))
     io = data.get("io_pressure")
     if io:
         pct = lambda v: "-" if v is None else f"{v:.1f}%"  # noqa: E731

@@ -99,6 +99,15 @@ class AgentCollector(Collector):
                                     "cpus because they ran in the kernel")
             c.add_metric([], agent.harvest.kernel_work.confinements)
             yield c
+            g = GaugeMetricFamily("tidal_reclaimed_waiting_workloads",
+                                  "reclaimed workloads confined for their kernel time with no lent cpu: waiting at "
+                                  "the minimum quota")
+            g.add_metric([], len(agent.harvest.kernel_work.waiting_since))
+            yield g
+            c = CounterMetricFamily("tidal_reclaimed_kernel_wait_seconds", "workload-seconds reclaimed work "
+                                    "confined for its kernel time waited at the minimum quota (nothing lent)")
+            c.add_metric([], agent.harvest.kernel_work.waited_seconds)
+            yield c
             io = agent.io_pressure_status()
             yield from gauges(io, (("tidal_online_io_pressure_percent", "online_io_percent",
                                     "share of the last period some online task waited for block io (PSI), worst "

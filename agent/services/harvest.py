@@ -225,11 +225,16 @@ class Harvest:
                 paths = self.enforcement.cgroups_of(alloc)
                 times[alloc.name] = cpu_times_ns(self.driver, paths[0]) if paths else None
         before = work.names()
-        if work.observe(now, times, unread):
+        changed = work.observe(now, times, unread)
+        # with nothing lent a confined workload waits at the minimum quota (isolation.cgroups.desired): timed
+        lent = bool(self.owner.pools().reclaimed)
+        work.wait(now, frozenset() if lent else work.names() & frozenset(times))
+        if changed:
             now_confined = self.kernel_work.names()
             for name in sorted(now_confined - before):
-                log.info("reclaimed workload %s runs in the kernel (%d millicpu): kept off online's idle cpus",
-                         name, self.kernel_work.kernel_millicpu.get(name, 0))
+                log.info("reclaimed workload %s runs in the kernel (%d millicpu): kept off online's idle cpus%s",
+                         name, self.kernel_work.kernel_millicpu.get(name, 0),
+                         "" if lent else " (nothing lent: it waits at the minimum quota)")
             for name in sorted(before - now_confined):
                 log.info("reclaimed workload %s no longer runs in the kernel: harvests online's idle cpus again", name)
 

@@ -22,6 +22,11 @@ lent cpu can take it: a job's first seconds (loading its input, building its tab
 most kernel-bound, and a task framework's retry is a new workload each time. A cpu-bound job (user
 time) then harvests the shared pool's idle time. With nothing lent, a new workload is not held at the
 minimum quota for what it has not shown: it harvests and is judged on its first periods.
+
+Waiting has its price, which the agent shows: each confined workload's wait at the minimum quota so far
+and the workload-seconds of all waits (``wait``; ``tidal status``, the metrics). A JVM that starts as a
+YARN container runs in the kernel for its first seconds and, on a node with nothing lent, waits there
+up to ``RELEASE_PERIODS`` (docs/benchmarks: YARN through a compressed day).
 """
 
 from __future__ import annotations
@@ -46,6 +51,9 @@ class KernelWork:
         self.seen: Dict[str, int] = {}  # workload -> periods it was known (probation ends at PROBATION_PERIODS)
         self._last: Dict[str, Tuple[float, Times]] = {}
         self._tree: Optional[Tuple[float, Times]] = None  # the reclaimed tree's last reading (quiet())
+        self.waiting_since: Dict[str, float] = {}  # confined workload with no lent cpu -> since when (wait())
+        self.waited_seconds = 0.0  # workload-seconds at the minimum quota, all waits together
+        self._wait_at: Optional[float] = None
 
     def quiet(self, now: float, tree: Optional[Times]) -> bool:
         """Whether the reclaimed tree as a whole (``tree``: its cumulative times now) spent under
@@ -101,6 +109,20 @@ class KernelWork:
             changed = True
         self.seen = {n: c for n, c in self.seen.items() if n in times}
         return changed
+
+    def wait(self, now: float, names) -> None:
+        """``names``: the confined workloads that have no lent cpu now and so wait at the minimum quota.
+        The time since the last call is counted to those that waited then; each one's wait runs from when
+        it was first named without a break."""
+        last, self._wait_at = self._wait_at, now
+        if last is not None and now > last:
+            self.waited_seconds += (now - last) * len(self.waiting_since)
+        self.waiting_since = {n: self.waiting_since.get(n, now) for n in names}
+
+    def waiting(self) -> Dict[str, float]:
+        """Each waiting workload's wait so far (to the last period), seconds."""
+        now = self._wait_at or 0.0
+        return {n: round(max(0.0, now - since), 1) for n, since in sorted(self.waiting_since.items())}
 
     def names(self) -> frozenset:
         """The workloads confined for their kernel time."""

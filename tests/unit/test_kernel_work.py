@@ -147,3 +147,71 @@ def test_the_agent_reads_each_reclaimed_workload_only_while_the_tree_works_in_th
     agent.tick(now=103.0, epoch=1e9 + 3)
     assert set(leaves) <= set(reads)
     assert agent.harvest.kernel_work.names() == {"r1"}
+
+
+def test_a_confined_workloads_wait_at_the_minimum_quota_is_timed():
+    work = KernelWork()
+    work.wait(10.0, {"scan"})
+    work.wait(11.5, {"scan", "load"})
+    assert work.waiting() == {"load": 0.0, "scan": 1.5} and work.waited_seconds == 1.5
+    work.wait(13.0, {"load"})  # scan got a lent cpu (or was released): its wait ends, counted to here
+    assert work.waiting() == {"load": 1.5} and work.waited_seconds == 1.5 + 2 * 1.5
+    work.wait(14.0, {"scan", "load"})  # a new wait starts afresh
+    assert work.waiting() == {"load": 2.5, "scan": 0.0} and work.waited_seconds == 4.5 + 1.0
+    work.wait(15.0, set())
+    assert work.waiting() == {} and work.waited_seconds == 5.5 + 2.0
+
+
+def _kernel_agent(make_agent, busy_millicpu):
+    """An agent on 8 cpus (0 reserved) with one reclaimed job that goes into the kernel at 102 s (half a
+    cpu of kernel time in a second) and is then quiet; online busy ``busy_millicpu`` all along."""
+    from agent.isolation.cgroups.recording import RecordingCgroups
+    from tests.unit.test_pod_accounting import NodeSampler
+    from tests.unit.test_capacity_api import TOPO
+
+    driver = RecordingCgroups(version=2, features={"cpu.idle": True, "memory": True})
+    agent = make_agent(TOPO, driver=driver, empty_grace=3600, memory_reserved_bytes=0)
+    agent.usage.sampler = NodeSampler()
+    agent.usage.sampler.busy = busy_millicpu
+    agent.admit({"name": "job", "qos": "reclaimed_cores", "millicpu": 100, "tier": "low"})
+
+    def stat(system_us):
+        for path in ("tidal/reclaimed", "tidal/reclaimed/low/job"):
+            driver.files[path][("", "cpu.stat")] = f"usage_usec {system_us}\nuser_usec 0\nsystem_usec {system_us}\n"
+
+    stat(0)
+    agent.tick(now=100.0, epoch=1e9)
+    agent.tick(now=101.0, epoch=1e9 + 1)
+    stat(500_000)
+    agent.tick(now=102.0, epoch=1e9 + 2)
+    assert agent.harvest.kernel_work.names() == {"job"}
+    return agent
+
+
+def test_the_agent_times_a_confined_workloads_wait_where_nothing_is_lent(make_agent):
+    from prometheus_client import generate_latest
+    from prometheus_client.core import CollectorRegistry
+
+    from agent.cli.render import status_lines
+    from agent.reporter.metrics import AgentCollector
+
+    agent = _kernel_agent(make_agent, busy_millicpu=7000)  # online uses every shared cpu: nothing to lend
+    assert agent.owner.pools().reclaimed == ()
+    agent.tick(now=104.0, epoch=1e9 + 4)  # at the minimum quota: nothing in the kernel any more, still held
+    kernel = agent.status()["kernel_work"]
+    assert kernel["confined"] == ["job"] and kernel["waiting_seconds"] == {"job": 2.0}
+    assert kernel["waited_seconds_total"] == 2.0
+    assert "job (- millicpu in the kernel; nothing lent: waiting at the minimum quota for 2 s)" in \
+        "\n".join(status_lines(agent.status()))
+    registry = CollectorRegistry()
+    registry.register(AgentCollector(agent))
+    text = generate_latest(registry).decode()
+    assert "tidal_reclaimed_waiting_workloads 1.0" in text and "tidal_reclaimed_kernel_wait_seconds_total 2.0" in text
+
+
+def test_a_confined_workload_on_lent_cpus_does_not_wait(make_agent):
+    agent = _kernel_agent(make_agent, busy_millicpu=0)  # an idle node: cpus lent, the job runs there
+    agent.tick(now=104.0, epoch=1e9 + 4)
+    assert agent.owner.pools().reclaimed
+    kernel = agent.status()["kernel_work"]
+    assert kernel["confined"] == ["job"] and kernel["waiting_seconds"] == {} and kernel["waited_seconds_total"] == 0
