@@ -91,23 +91,7 @@ class AgentCollector(Collector):
             c = CounterMetricFamily("tidal_cpu_pressure_shrinks", "lent cpus taken back on online cpu pressure")
             c.add_metric([], cpu["shrinks"])
             yield c
-            g = GaugeMetricFamily("tidal_reclaimed_confined_workloads",
-                                  "reclaimed workloads kept off online's idle cpus because they run in the kernel")
-            g.add_metric([], len(agent.harvest.kernel_work.confined))
-            yield g
-            c = CounterMetricFamily("tidal_reclaimed_confinements", "reclaimed workloads kept off online's idle "
-                                    "cpus because they ran in the kernel")
-            c.add_metric([], agent.harvest.kernel_work.confinements)
-            yield c
-            g = GaugeMetricFamily("tidal_reclaimed_waiting_workloads",
-                                  "reclaimed workloads confined for their kernel time with no lent cpu: waiting at "
-                                  "the minimum quota")
-            g.add_metric([], len(agent.harvest.kernel_work.waiting_since))
-            yield g
-            c = CounterMetricFamily("tidal_reclaimed_kernel_wait_seconds", "workload-seconds reclaimed work "
-                                    "confined for its kernel time waited at the minimum quota (nothing lent)")
-            c.add_metric([], agent.harvest.kernel_work.waited_seconds)
-            yield c
+            yield from kernel_work_metrics(agent.harvest.kernel_work)
             io = agent.io_pressure_status()
             yield from gauges(io, (("tidal_online_io_pressure_percent", "online_io_percent",
                                     "share of the last period some online task waited for block io (PSI), worst "
@@ -209,6 +193,25 @@ class AgentCollector(Collector):
 
 
 _registries: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def kernel_work_metrics(work):
+    """The kernel-work rule's families (services.kernel_work): confined now and ever, waiting now and how
+    long all waits took."""
+    for kind, name, text, value in (
+            (GaugeMetricFamily, "tidal_reclaimed_confined_workloads",
+             "reclaimed workloads kept off online's idle cpus because they run in the kernel", len(work.confined)),
+            (CounterMetricFamily, "tidal_reclaimed_confinements",
+             "reclaimed workloads kept off online's idle cpus because they ran in the kernel", work.confinements),
+            (GaugeMetricFamily, "tidal_reclaimed_waiting_workloads",
+             "reclaimed workloads confined for their kernel time with no lent cpu: waiting at the minimum quota",
+             len(work.waiting_since)),
+            (CounterMetricFamily, "tidal_reclaimed_kernel_wait_seconds",
+             "workload-seconds reclaimed work confined for its kernel time waited at the minimum quota (nothing "
+             "lent)", work.waited_seconds)):
+        family = kind(name, text)
+        family.add_metric([], value)
+        yield family
 
 
 def gauges(figures, rows):
