@@ -16,8 +16,9 @@ local API refuses, so no caller can take a pod's name (and its cpus) first.
 
 The socket is mode 0600 (root only) unless ``--socket-group`` opens it to
 one group (0660); its file appears only once the agent listens, with that
-mode and group: a client that sees it can connect. The token file must be a regular file owned by root and
-readable by nobody else; tokens are compared in constant time.
+mode and group: a client that sees it can connect. The token file must be a
+regular file owned by root and readable by nobody else; tokens are compared
+in constant time.
 """
 
 from __future__ import annotations
