@@ -14,6 +14,7 @@ import json
 import os
 import statistics
 import subprocess
+import sys
 import time
 import uuid
 from typing import Dict, Iterator, List, Optional, Set
@@ -82,13 +83,21 @@ def real_node() -> Iterator[RealNode]:
         real.stop()
 
 
-def install_tidal(real: RealNode) -> None:
+def install_tidal(real: RealNode, agent_config: Optional[Dict[str, object]] = None) -> None:
     """The chart, as a user installs it (deploy/helm/tidal; the plain manifests of deploy/ are its rendering):
     the node's part, the agent with its NRI plugin; the cluster side (extender, lending controller, scheduler)
-    is the Kubernetes tier's, and no TLS secret exists here for the extender to mount. Returns once the
+    is the Kubernetes tier's, and no TLS secret exists here for the extender to mount. ``agent_config``: keys
+    of the agent's config file over the chart's (a values file, as a user gives them). Returns once the
     agent's pod serves."""
+    values = []
+    if agent_config:
+        path = os.path.join(real.dir, "agent-values.json")  # JSON is YAML: helm reads it as a values file
+        with open(path, "w") as handle:
+            json.dump({"agent": {"config": agent_config}}, handle)
+        values = ["--values", path]
     helm(real, "install", "tidal", f"{REPO}/deploy/helm/tidal", "--namespace", "tidal-system", "--create-namespace",
-         "--set", "extender.enabled=false", "--set", "lending.enabled=false", "--set", "scheduler.enabled=false")
+         "--set", "extender.enabled=false", "--set", "lending.enabled=false", "--set", "scheduler.enabled=false",
+         *values)
     wait_for(lambda: agent_pod(real) and agent_pod(real)["status"].get("phase") == "Running"
              and AgentClient(AGENT_SOCKET, timeout=5).request("GET", "/v1/health"), "the agent's DaemonSet pod",
              timeout=120)
@@ -225,6 +234,22 @@ def test_the_agent_runs_from_its_image_as_the_daemonset_in_its_pod_on_the_reserv
     wait_for(lambda: node.get("noderesourcetopologies", node.name), "the agent's NodeResourceTopology", timeout=60)
     # read from the real kubelet's cpu_manager_state (the agent refuses to run beside the static policy)
     assert runtime_road()["kubelet_cpu_manager"] == "none"
+
+
+def test_roots_tidal_run_on_the_host_joins_the_daemonsets_cpusets(node):
+    """`tidal run` by root on the node, against the DaemonSet's agent (its default socket, the chart's): the
+    agent moves the process into its reclaimed workload's cpuset. The kernel lets a process into a cpuset
+    only where the mover holds all of its capabilities, or SYS_NICE: before the chart added SYS_NICE this
+    was refused (EPERM), and so were YARN's containers (tests/node/test_day_node.py)."""
+    script = "grep Cpus_allowed_list /proc/self/status; grep cpuset /proc/self/cgroup"
+    done = subprocess.run([sys.executable, "-m", "agent.cli", "run", "--qos", "reclaimed_cores", "--millicpu", "100",
+                           "--", "sh", "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    cpus = set(parse_cpulist(done.stdout.split("Cpus_allowed_list:", 1)[1].splitlines()[0].strip()))
+    cpuset = done.stdout.split("cpuset:", 1)[1].splitlines()[0]
+    # this process runs on the reserved cpus (the harness pins it there): the command left them with its cpuset
+    assert cpuset.startswith("/tidal/reclaimed/"), done.stdout
+    assert cpus and not cpus & reserved_cpus(), done.stdout
 
 
 def test_a_reclaimed_pod_runs_at_the_lowest_priority_under_a_quota_and_yields_to_online_load(node):
