@@ -62,6 +62,11 @@ def status_lines(data: Dict[str, Any]) -> List[str]:
             f"{name} ({kernel['kernel_millicpu'].get(name, '-')} millicpu in the kernel"
             + (f"; nothing lent: waiting at the minimum quota for {kernel['waiting_seconds'][name]:g} s"
                if name in (kernel.get("waiting_seconds") or {}) else "") + ")" for name in kernel["confined"]))
+    containers = data.get("offline_containers")
+    if containers:
+        out.append(f"offline containers: {containers['adopted']} moved into the reclaimed tree, {containers['refused']} "
+                   "killed (no room)" + (f"; {containers['unmoved']} NOT MOVED (unbounded in their daemon's cgroup): "
+                                         f"{containers['last_attach_error']}" if containers.get("unmoved") else ""))
     io = data.get("io_pressure")
     if io:
         pct = lambda v: "-" if v is None else f"{v:.1f}%"  # noqa: E731

@@ -92,6 +92,7 @@ class AgentCollector(Collector):
             c.add_metric([], cpu["shrinks"])
             yield c
             yield from kernel_work_metrics(agent.harvest.kernel_work)
+            yield from offline_container_metrics(agent.containers)
             io = agent.io_pressure_status()
             yield from gauges(io, (("tidal_online_io_pressure_percent", "online_io_percent",
                                     "share of the last period some online task waited for block io (PSI), worst "
@@ -212,6 +213,24 @@ def kernel_work_metrics(work):
         family = kind(name, text)
         family.add_metric([], value)
         yield family
+
+
+def offline_container_metrics(containers):
+    """An offline daemon's container processes (services.offline_containers): moved into the reclaimed tree,
+    killed for want of room, or left where the kernel would not move them (unbounded: an alert's figure).
+    Described, with no series, where no daemon cgroup is declared (``containers`` None)."""
+    c = CounterMetricFamily("tidal_offline_container_processes",
+                            "container processes of offline daemons (YARN's NodeManager), by what became of them",
+                            labels=["outcome"])
+    g = GaugeMetricFamily("tidal_offline_container_processes_unmoved",
+                          "container processes the kernel would not move into the reclaimed tree, now")
+    if containers is not None:
+        for outcome, value in (("moved", containers.adopted), ("killed", containers.refused),
+                               ("not_moved", containers.attach_failures)):
+            c.add_metric([outcome], value)
+        g.add_metric([], len(containers.failing))
+    yield c
+    yield g
 
 
 def gauges(figures, rows):

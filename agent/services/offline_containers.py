@@ -74,6 +74,9 @@ class OfflineContainers:
         self.refused = 0  # container processes killed: no room for them
         self.last_refusal: Optional[str] = None
         self.daemons: Dict[str, Set[int]] = {}  # cgroup -> its own (non-container) processes, as last seen
+        self.attach_failures = 0  # container processes the kernel would not move (each counted once)
+        self.last_attach_error: Optional[str] = None
+        self.failing: Set[int] = set()  # container processes whose move failed, while they are still there
 
     def workloads(self) -> Dict[str, str]:
         return {path: workload_name(path) for path in self.cgroups}
@@ -103,6 +106,7 @@ class OfflineContainers:
             if containers:
                 moved += self._take(path, containers)
         self.known = {pid: seen for pid, seen in self.known.items() if pid in live}
+        self.failing &= live
         return moved
 
     def _take(self, path: str, pids) -> int:
@@ -127,12 +131,24 @@ class OfflineContainers:
             try:
                 self.attach(name, pid)
                 moved += 1
-            except TidalError:
-                pass  # ended meanwhile
+                self.failing.discard(pid)
+            except TidalError as exc:
+                if not os.path.exists(f"{self.proc}/{pid}"):
+                    continue  # ended meanwhile
+                # the kernel would not move it (e.g. EPERM: a cpuset move of a task holding capabilities the
+                # agent lacks needs CAP_SYS_NICE): the container runs unbounded in the daemon's cgroup, so
+                # say so, once per process, and count it; the next pass tries again
+                self.last_attach_error = f"{name}: {exc}"
+                if pid not in self.failing:
+                    self.failing.add(pid)
+                    self.attach_failures += 1
+                    log.warning("container process %d of %s stays in %s: %s", pid, path, path, exc)
         self.adopted += moved
         return moved
 
     def status(self) -> Dict[str, object]:
         return {"cgroups": {path: {"workload": workload_name(path), "daemon_pids": sorted(self.daemons.get(path, ()))}
                             for path in self.cgroups},
-                "adopted": self.adopted, "refused": self.refused, "last_refusal": self.last_refusal}
+                "adopted": self.adopted, "refused": self.refused, "last_refusal": self.last_refusal,
+                "attach_failures": self.attach_failures, "unmoved": len(self.failing),
+                "last_attach_error": self.last_attach_error}

@@ -100,3 +100,48 @@ def test_a_reused_pid_is_looked_at_again(tmp_path):
     fake_proc(proc, 800, {"CONTAINER_ID": "container_9"}, started=20)  # the pid reused by a container
     assert service.adopt() == 1 and moved == [800]
     assert container_of(999999, str(proc)) is None
+
+
+def test_a_container_the_kernel_will_not_move_is_counted_once_and_shown(tmp_path, make_agent):
+    """An attach the kernel refuses (EPERM: the DaemonSet's agent without SYS_NICE could not move root's
+    container processes into a cpuset) is not "ended meanwhile": counted once per process, shown in status,
+    metrics and `tidal status`, and tried again each pass; gone from the figure once moved or ended."""
+    from agent.cli.render import status_lines
+    from agent.errors import AdmissionError
+    from agent.reporter.metrics import render
+
+    agent, _ = agent_with_nodemanager(make_agent)
+    proc = tmp_path / "proc"
+    fake_proc(proc, 500, {"PATH": "/usr/bin"})  # the NodeManager
+    fake_proc(proc, 600, {"CONTAINER_ID": "container_1_0001_01_000001"})
+    fake_proc(proc, 601, {"CONTAINER_ID": "container_1_0001_01_000002"})  # ends before its move
+    agent.containers.proc = str(proc)
+    agent.containers.procs = lambda path: [500, 600, 601]
+    tries = []
+
+    def refuse(name, pid):
+        tries.append(pid)
+        if pid == 601:
+            (proc / "601" / "environ").unlink()
+            (proc / "601" / "stat").unlink()
+            os.rmdir(proc / "601")
+        raise AdmissionError(f"cannot attach pid {pid}: [Errno 1] Operation not permitted")
+
+    agent.containers.attach = refuse
+    try:
+        assert agent.containers.adopt() == 0 and agent.containers.adopt() == 0
+        assert tries == [600, 601, 600]  # tried again each pass; 601 gone after the first
+        status = agent.status()["offline_containers"]
+        assert status["attach_failures"] == 1 and status["unmoved"] == 1 and status["adopted"] == 0, status
+        assert "Operation not permitted" in status["last_attach_error"]
+        assert any("1 NOT MOVED" in line and "Operation not permitted" in line for line in status_lines(agent.status()))
+        text = render(agent).decode()
+        assert 'tidal_offline_container_processes_total{outcome="not_moved"} 1.0' in text
+        assert "tidal_offline_container_processes_unmoved 1.0" in text
+        agent.containers.attach = lambda name, pid: None  # the kernel moves it now
+        assert agent.containers.adopt() == 1
+        status = agent.status()["offline_containers"]
+        assert status["unmoved"] == 0 and status["attach_failures"] == 1 and status["adopted"] == 1
+        assert not any("NOT MOVED" in line for line in status_lines(agent.status()))
+    finally:
+        agent.shutdown()
