@@ -344,7 +344,13 @@ class Agent:
             # of systemd too (its bus is reached at the first such value; a host without one never dials it)
             from agent.isolation.systemd import UnitProperties
             units = UnitProperties()
-        self.enforcement = Enforcement(owner, self.driver, cfg.cgroup_base, cfg.cgroup_options, cfg.state_dir,
+        # where the agent's own process lives decides the weight of Tidal's top cgroup (desired.base_weight):
+        # in the tree when start() moves it into <base>/system (a host agent outside systemd and outside a
+        # pod), or when the tree is under its own cgroup; else in its pod or its systemd unit
+        unit = systemd_unit_of_self() if cfg.cgroup_parent == "/" and self.driver.version == 2 else None
+        in_tree = cfg.cgroup_parent == "self" or (cfg.confine_self and not kubelet_pod_of_self() and not unit)
+        options = replace(cfg.cgroup_options, agent_in_tree=in_tree)
+        self.enforcement = Enforcement(owner, self.driver, cfg.cgroup_base, options, cfg.state_dir,
                                        cfg.drift_check_period, self.counters, limits=lambda: self.harvest.limits(),
                                        protection=lambda: self.harvest.protection.current(),
                                        confined=lambda: self.harvest.confined(),

@@ -53,8 +53,11 @@ def test_shares_weight_conversion(shares, weight):
     (1, "memory_high", 1 << 30, []),
     (2, "partition", "isolated", [("", "cpuset.cpus.partition", "isolated")]),
     (1, "partition", "isolated", []),
+    (1, "cpu_shares", None, [("cpu", "cpu.shares", "1024")]),
+    (2, "cpu_shares", None, [("", "cpu.weight", "100")]),
 ], ids=["v1-cpus", "v2-cpus", "v1-shares", "v2-weight", "v1-quota", "v2-max", "v1-idle", "v1-mem-none",
-        "v2-mem", "v2-high-none", "v1-no-high", "v2-partition", "v1-no-partition"])
+        "v2-mem", "v2-high-none", "v1-no-high", "v2-partition", "v1-no-partition", "v1-default-shares",
+        "v2-default-weight"])
 def test_knob_table(version, knob, value, expected):
     assert files_for(version, knob, value) == expected
 
@@ -133,6 +136,31 @@ def test_without_cpu_idle_reclaimed_stays_off_the_shared_pool():
     assert "cpu_idle" not in specs["tidal/reclaimed"] and specs["tidal/reclaimed"]["cpu_shares"] == 2
     from agent.topology.parse import format_cpulist
     assert specs["tidal/reclaimed"]["cpus"] == format_cpulist(pool.reclaimed)
+
+
+def test_the_top_cgroup_weighs_least_while_it_holds_nothing_but_reclaimed_work():
+    """cpu.idle is relative to siblings: at the hierarchy's top, Tidal's cgroup meets the kubelet's kubepods
+    with its own weight. With the agent out of the tree (in its pod, or its systemd unit) and no workload of
+    its own that is not reclaimed, that weight is reclaimed work's against the pods: the least. The default
+    otherwise, and again as soon as an online workload of Tidal's own arrives."""
+    from dataclasses import replace
+
+    from agent.qrm.model import KUBERNETES
+
+    def top(state, **options):
+        specs = desired_tree(TOPO, state, pools(TOPO, state), CgroupOptions(**options), {"cpu.idle": True})
+        return {s.path: s.knobs for s in specs}["tidal"]["cpu_shares"]
+
+    batch = state_of({"name": "batch", "qos": "reclaimed_cores", "millicpu": 2000, "tier": "low"})
+    pod = allocate(TOPO, batch, parse_request({"name": "web-pod", "qos": "shared_cores", "millicpu": 1000}))
+    with_pod = batch.with_allocation(replace(pod, source=KUBERNETES))  # the kubelet's: in kubepods
+    assert top(batch, agent_in_tree=False) == 2
+    assert top(with_pod, agent_in_tree=False) == 2
+    assert top(STATE, agent_in_tree=False) is None  # a shared workload of Tidal's own lives in the tree
+    assert top(batch, agent_in_tree=True) is None  # the agent itself does (<base>/system)
+    assert top(batch) is None  # the default: as before, where the caller does not say
+    assert files_for(1, "cpu_shares", top(batch, agent_in_tree=False)) == [("cpu", "cpu.shares", "2")]
+    assert files_for(2, "cpu_shares", top(batch, agent_in_tree=False)) == [("", "cpu.weight", "1")]
 
 
 def test_reconciler_orders_cpuset_writes_and_writes_only_differences():

@@ -49,6 +49,9 @@ RECLAIMED_HIGH_SHARE = 0.9  # memory.high of the reclaimed parent, as a share of
 MIB = 1 << 20
 
 
+MIN_SHARES = 2  # the least cpu weight (cpu.shares; v2 weight 1)
+
+
 @dataclass(frozen=True)
 class CgroupOptions:
     base: str = "tidal"
@@ -73,6 +76,9 @@ class CgroupOptions:
     # systemd), parents first: held on the system cpus, written while they exist, put back as found on revert.
     # On v1 their descendants too (services.enforcement lists them): a parent cannot narrow below a child
     host_cgroups: tuple = ()
+    # whether the agent's own process lives in the tree (<base>/system: a host agent outside systemd, or a
+    # delegated tree): then the tree weighs as any top cgroup (base_weight)
+    agent_in_tree: bool = True
 
 
 PARTITION_MODES = ("root", "isolated", "none")
@@ -157,6 +163,25 @@ def takes_idle(options: CgroupOptions, features: Mapping[str, bool], name: str) 
     return harvests(options, features) and name not in options.confined
 
 
+def base_weight(state: State, options: CgroupOptions, placements: Mapping[str, Sequence[str]]) -> Optional[int]:
+    """The cpu weight of Tidal's top cgroup, as ``cpu_shares`` (None: the kernel's default).
+
+    ``cpu.idle`` makes the reclaimed tree idle beside its siblings only: at the top of the hierarchy the
+    scheduler weighs Tidal's top cgroup against the kubelet's ``kubepods`` (and systemd's slices) by the
+    top cgroup's own weight, the default (1024 shares, weight 100) whatever it holds. Where the tree holds
+    no online work (the pods are the kubelet's, the agent runs in its pod or its systemd unit), that
+    weight is reclaimed work's against the pods: a pod's request could wait half and half with a YARN
+    container on a shared cpu (the node tier's day measured online's p99 1.3-1.7x alone). So the top
+    cgroup weighs the least (2 shares) while it holds nothing but reclaimed work and Tidal's helpers, and
+    the default as soon as a workload of Tidal's own that is not reclaimed lives in it, or the agent."""
+    if options.agent_in_tree:
+        return None
+    for alloc in state.allocations:
+        if alloc.qos is not QoS.RECLAIMED and alloc.source != KUBERNETES and alloc.name not in placements:
+            return None
+    return MIN_SHARES
+
+
 def desired_tree(topo: Topology, state: State, pools: Pools, options: CgroupOptions,
                  features: Dict[str, bool], placements: Optional[Mapping[str, Sequence[str]]] = None
                  ) -> List[CgroupSpec]:
@@ -215,7 +240,8 @@ def desired_tree(topo: Topology, state: State, pools: Pools, options: CgroupOpti
                           and a.name not in placements for c in a.cpus})
     exclusive: Dict[str, object] = {"cpus_exclusive": format_cpulist(partitioned)} if partition else {}
     specs = [
-        CgroupSpec(base, {"cpus": online, "mems": mems_all, **exclusive, **protected(base)}),
+        CgroupSpec(base, {"cpus": online, "mems": mems_all, "cpu_shares": base_weight(state, options, placements),
+                          **exclusive, **protected(base)}),
         CgroupSpec(f"{base}/system", {"cpus": system, "mems": mems_all, **protected(f"{base}/system")}),
         # Tidal's own helpers (push commands, lending hooks): beside system, counted as neither online nor
         # offline (agent.helper_process)

@@ -18,7 +18,7 @@
 | io_max      | (none: blkio throttles no buffered writes)     | io.max, a line per device |
 
 Values are logical: ``cpus``/``mems`` cpu-list strings, ``cpu_shares`` in
-v1 shares (1024 per cpu; the kubelet's unit), ``cpu_max`` a pair
+v1 shares (1024 per cpu; the kubelet's unit; ``None`` the kernel's default: 1024, weight 100), ``cpu_max`` a pair
 ``(quota_us or None, period_us)``, ``cpu_burst`` microseconds of unused
 quota a period may borrow (never above the quota: the kernel refuses), memory in
 bytes or ``None`` for no limit (``memory_low``/``memory_min``: ``None`` none,
@@ -78,10 +78,10 @@ def files_for(version: int, knob: str, value: Any) -> List[FileWrite]:
         return [] if version == 1 else [("", "cpuset.cpus.exclusive", _cpulist(value))]
     if knob == "partition":
         return [] if version == 1 else [("", "cpuset.cpus.partition", str(value))]
-    if knob == "cpu_shares":
+    if knob == "cpu_shares":  # None: the kernel's default weight (v1 1024 shares, v2 weight 100)
         if version == 1:
-            return [("cpu", "cpu.shares", str(int(value)))]
-        return [("", "cpu.weight", str(shares_to_weight(value)))]
+            return [("cpu", "cpu.shares", "1024" if value is None else str(int(value)))]
+        return [("", "cpu.weight", "100" if value is None else str(shares_to_weight(value)))]
     if knob == "cpu_max":
         quota, period = value
         if version == 1:
