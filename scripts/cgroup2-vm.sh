@@ -137,9 +137,14 @@ if ! boot "$accel_flag" 3000 tier.sh && [ -z "${TIDAL_VM_COMMAND:-}" ] && grep -
     say "the kernel panicked under emulation after $(( $(date +%s) - start )) s; what the tier printed, then the kernel's report:"
     cat "$OUT/log" >&2 2>/dev/null || true; echo >&2
     oops
-    grep -E "$ended" "$OUT/log" | sed -E "s#$ended.*#--deselect\n\1#" > "$OUT/ended" || true
-    grep -qE "$ended" "$OUT/log" && grep -E "$ended" "$OUT/log" | grep -qE " (FAILED|ERROR)( |$)" && first_failed=1
-    mv "$OUT/log" "$OUT/log.panic"; mv "$OUT/console" "$OUT/console.panic"
+    grep -E "$ended" "$OUT/log" 2>/dev/null | sed -E "s#$ended.*#--deselect\n\1#" > "$OUT/ended" || true
+    grep -qE "$ended" "$OUT/log" 2>/dev/null && grep -E "$ended" "$OUT/log" | grep -qE " (FAILED|ERROR)( |$)" &&
+        first_failed=1
+    # a panic before the tier printed anything leaves no log (CI, 2026-11-29: 13 s into the boot); the mv of
+    # a missing file stopped the script here instead of booting again
+    for name in log console; do
+        if [ -e "$OUT/$name" ]; then mv "$OUT/$name" "$OUT/$name.panic"; else : > "$OUT/$name.panic"; fi
+    done
     say "booting again: the $(grep -cE "$ended" "$OUT/log.panic" || true) tests that had ended are deselected"
     start=$(date +%s)
     boot "$accel_flag" 3000 tier.sh || true
