@@ -350,8 +350,13 @@ def _day(node, on: YarnOnTheNode) -> Dict:
     run_pod(node, batch, "100m", limits=False, command="while true; do :; done",
             annotations={"tidal.io/qos-level": "reclaimed_cores", "tidal.io/tier": "low"})
     batch_pids = running_pids(node, batch)
-    # a new reclaimed workload spends its first periods off online's idle cpus (services.kernel_work)
+    # a new reclaimed workload spends its first periods off online's idle cpus (services.kernel_work), and one
+    # that ran in the kernel (YARN's: its master is a JVM that starts there) waits off them up to 60 periods
+    # where nothing is lent (CI, 2026-11-29: YARN at 10 millicpu through the day's first two steps)
     wait_for(lambda: _settled(f"default/{batch}"), "the batch pod off probation", timeout=60)
+    yarn_workload = AgentClient(AGENT_SOCKET).request("GET", "/v1/status")["offline_containers"]["cgroups"][
+        on.nm_cgroup.name]["workload"]
+    wait_for(lambda: _settled(name=yarn_workload), "YARN's containers free to take online's idle cpu", timeout=150)
     batch_doc, online_doc = pod(node, batch), pod(node, online)
     config = SimConfig()
     hours = [3.0 * i + 1.5 for i in range(STEPS)]
@@ -464,10 +469,11 @@ def _answers(port: int) -> bool:
         return False
 
 
-def _settled(label: str) -> bool:
-    """the reclaimed workload off probation and not kept off online's idle cpus since"""
+def _settled(label: Optional[str] = None, name: Optional[str] = None) -> bool:
+    """the reclaimed workload (by its label, or its name) off probation and not kept off online's idle cpus"""
     client = AgentClient(AGENT_SOCKET)
     status = client.request("GET", "/v1/status")
-    mine = [w["name"] for w in client.request("GET", "/v1/workloads")["workloads"] if w.get("label") == label]
+    mine = [w["name"] for w in client.request("GET", "/v1/workloads")["workloads"]
+            if (label is not None and w.get("label") == label) or (name is not None and w["name"] == name)]
     kept = set(status["kernel_work"]["probation"]) | set(status["kernel_work"]["confined"])
     return bool(mine) and mine[0] not in kept
