@@ -22,6 +22,8 @@ def _captured_trees(directory: Optional[str]) -> dict:
     """``{name: root}`` of the machines under ``directory`` (archives extracted into a temporary dir)."""
     import glob
     import subprocess
+    import atexit
+    import shutil
     import tempfile
 
     here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -32,6 +34,7 @@ def _captured_trees(directory: Optional[str]) -> dict:
     archives = sorted(glob.glob(os.path.join(directory, "*.tar.bz2")))
     if archives:
         work = tempfile.mkdtemp(prefix="tidal-shapes-")
+        atexit.register(shutil.rmtree, work, True)  # the trees are read until the bench ends (~120 MB)
         for archive in archives:
             name = os.path.basename(archive)[:-len(".tar.bz2")]
             expected = archive[:-len(".tar.bz2")] + ".expected.json"

@@ -8,7 +8,9 @@ with releases.
 
 from __future__ import annotations
 
+import atexit
 import functools
+import shutil
 import subprocess
 import tempfile
 
@@ -25,6 +27,7 @@ from tests.conftest import HWLOC_DIR, hwloc_cases
 @functools.lru_cache(maxsize=None)
 def hwloc_topology(name: str):
     base = tempfile.mkdtemp(prefix="tidal-hwloc-")
+    atexit.register(shutil.rmtree, base, True)  # discovered once per tree (cached), removed when pytest ends
     subprocess.run(["tar", "-xjf", str(HWLOC_DIR / f"{name}.tar.bz2"), "-C", base], check=True)
     root = dict(hwloc_cases())[name]["root"]
     return discover(HostFS(f"{base}/{root}"))
