@@ -111,6 +111,15 @@ class ControlPlane:
         return proc
 
     def start(self) -> "ControlPlane":
+        """etcd and the API server, waited for; where either fails, what started is stopped and the
+        directory removed before the error goes up (the callers' ``finally`` holds no plane yet)"""
+        try:
+            return self._start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start(self) -> "ControlPlane":
         d = self.dir
         subprocess.run(["openssl", "genrsa", "-out", f"{d}/sa.key", "2048"], check=True, capture_output=True)
         subprocess.run(["openssl", "rsa", "-in", f"{d}/sa.key", "-pubout", "-out", f"{d}/sa.pub"], check=True,

@@ -2,9 +2,12 @@
 # What a test or benchmark run that was killed (SIGKILL, a lost session) could not remove:
 # network namespaces named tdl<6 hex>[hpw] (agent/bench/netlab.py) and cgroup trees named
 # tidal-test-* / tidal-bench-* at the top of each hierarchy, the memory tier's working-set files
-# /var/tmp/tidal-test-working-set-*.bin (tests/privileged/test_memory_real.py); from the node tier
+# /var/tmp/tidal-test-working-set-*.bin (tests/privileged/test_memory_real.py), the hwloc trees the
+# unit tier and `tidal bench qrm --shapes` unpack (tidal-hwloc-*, tidal-shapes-*, ~120 MB each: left
+# over many runs they fill /dev/shm) and a control plane's directory (tidal-k8s-*); from the node tier
 # (tests/node): its kubelet, containerd and their shims and containers (every process whose command
-# line names a /tmp/tidal-k8s-* directory), the mounts under those directories and the directories,
+# line names a tidal-k8s-* directory in /tmp or /dev/shm: make test's TMPDIR), the mounts under those
+# directories and the directories,
 # its veth link tnd<8 hex>, and, when no kubelet runs, the kubepods cgroups and the host directories
 # the tier marked (.tidal-node-tier). Only empty cgroups are removed (rmdir refuses others); run it
 # when no test is running.
@@ -14,7 +17,8 @@ removed=0
 for ns in $(ip netns list 2>/dev/null | awk '{print $1}' | grep -E '^tdl[0-9a-f]{6}[hpw]$'); do
     ip netns del "$ns" && removed=$((removed + 1)) && echo "netns $ns"
 done
-for pid in $(pgrep -f '/tmp/tidal-k8s-' 2>/dev/null); do
+TEMPS="/tmp /dev/shm"
+for pid in $(pgrep -f '(/tmp|/dev/shm)/tidal-k8s-' 2>/dev/null); do
     [ "$pid" = "$$" ] && continue
     kill -9 "$pid" 2>/dev/null && removed=$((removed + 1)) && echo "process $pid"
 done
@@ -24,10 +28,10 @@ for procs in $(find /sys/fs/cgroup/cpuset/kubepods /sys/fs/cgroup/kubepods -name
     for pid in $(cat "$procs" 2>/dev/null); do kill -9 "$pid" 2>/dev/null && echo "process $pid (a pod's)"; done
 done
 sleep 1
-for point in $(awk '{print $5}' /proc/self/mountinfo | grep '^/tmp/tidal-k8s-' | sort -r); do
+for point in $(awk '{print $5}' /proc/self/mountinfo | grep -E '^(/tmp|/dev/shm)/tidal-k8s-' | sort -r); do
     umount -l "$point" 2>/dev/null && removed=$((removed + 1)) && echo "mount $point"
 done
-for dir in /tmp/tidal-k8s-*; do
+for dir in $(for t in $TEMPS; do echo "$t"/tidal-k8s-* "$t"/tidal-hwloc-* "$t"/tidal-shapes-*; done); do
     [ -d "$dir" ] || continue
     grep -q " $dir[/ ]" /proc/self/mountinfo && { echo "directory $dir: still mounted, left alone" >&2; continue; }
     rm -rf "$dir" && removed=$((removed + 1)) && echo "directory $dir"
