@@ -225,9 +225,10 @@ class Harvest:
                 paths = self.enforcement.cgroups_of(alloc)
                 times[alloc.name] = cpu_times_ns(self.driver, paths[0]) if paths else None
         before = work.names()
-        changed = work.observe(now, times, unread)
-        # with nothing lent a confined workload waits at the minimum quota (isolation.cgroups.desired): timed
+        # with nothing lent a confined workload waits at the minimum quota (isolation.cgroups.desired): its
+        # hold, not the whole release, and timed
         lent = bool(self.owner.pools().reclaimed)
+        changed = work.observe(now, times, unread, lent=lent)
         work.wait(now, frozenset() if lent else work.names() & frozenset(times))
         if changed:
             now_confined = self.kernel_work.names()

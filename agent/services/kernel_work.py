@@ -14,9 +14,17 @@ So a reclaimed workload whose kernel time (``cpuacct.stat`` ``system`` on v1, ``
 ``MIN_KERNEL_MILLICPU``, is **confined**: its cpuset leaves out the shared pool's cpus and keeps the
 reclaim pool's (lent cpus). Where nothing is lent it waits on the shared pool at the minimum quota
 (the reserved pool is never lent: ``qrm.assignment``); ``MIN_KERNEL_MILLICPU`` is above that quota, so
-what a waiting workload does never looks heavy, and it is released to try again after
-``RELEASE_PERIODS``. It stays confined until ``RELEASE_PERIODS`` periods in a row under the
-mark: a job's phases (load, compute) last minutes, and each move costs it its cache.
+what a waiting workload does never looks heavy. Where it has lent cpus it stays confined until
+``RELEASE_PERIODS`` periods in a row under the mark: a job's phases (load, compute) last minutes, and
+each move costs it its cache. Where it waits, it is released to try again after a **hold** that starts
+at ``FIRST_HOLD_PERIODS`` and doubles each time it is confined again, up to ``RELEASE_PERIODS``; the
+hold starts over once the workload has run ``RELEASE_PERIODS`` periods in a row free. Waiting never
+takes the kernel work away, it only puts it off: a job's kernel phase (a JVM's start: a few cpu-seconds)
+costs online the same periods on the shared cpus whenever it runs, so a long hold bought nothing for a
+phase that ends, and stalled the workload (a YARN container's JVM waited 50-65 s for each start). The
+doubling keeps the long hold for work that stays in the kernel: one heavy period in ``RELEASE_PERIODS``
+once it has been confined five times (``bench memory-isolation``, a job in the kernel from its start:
+online's p99 1.46x alone in 60 s rounds with the doubling hold, 1.49x with the flat one; docs/capacity.md).
 A new workload starts confined, on probation, for its first ``PROBATION_PERIODS`` periods, where a
 lent cpu can take it: a job's first seconds (loading its input, building its tables) are often its
 most kernel-bound, and a task framework's retry is a new workload each time. A cpu-bound job (user
@@ -26,7 +34,7 @@ minimum quota for what it has not shown: it harvests and is judged on its first 
 Waiting has its price, which the agent shows: each confined workload's wait at the minimum quota so far
 and the workload-seconds of all waits (``wait``; ``tidal status``, the metrics). A JVM that starts as a
 YARN container runs in the kernel for its first seconds and, on a node with nothing lent, waits there
-up to ``RELEASE_PERIODS`` (docs/benchmarks: YARN through a compressed day).
+for its holds (docs/benchmarks: YARN through a compressed day).
 """
 
 from __future__ import annotations
@@ -38,6 +46,7 @@ KERNEL_SHARE = 0.3  # of a workload's own cpu time, spent in the kernel
 # minimum quota, 10 millicpu: isolation.cgroups.desired.MIN_QUOTA_US) must never look heavy for waiting
 MIN_KERNEL_MILLICPU = 20
 RELEASE_PERIODS = 60
+FIRST_HOLD_PERIODS = 4  # a waiting workload's first hold; doubled at each confinement after, to RELEASE_PERIODS
 PROBATION_PERIODS = 4
 
 Times = Tuple[int, int]  # (user ns, system ns), cumulative
@@ -54,6 +63,9 @@ class KernelWork:
         self.waiting_since: Dict[str, float] = {}  # confined workload with no lent cpu -> since when (wait())
         self.waited_seconds = 0.0  # workload-seconds at the minimum quota, all waits together
         self._wait_at: Optional[float] = None
+        self.hold: Dict[str, int] = {}  # confined workload -> the periods it waits under the mark (nothing lent)
+        self._next_hold: Dict[str, int] = {}  # workload confined before -> its next hold
+        self._free: Dict[str, int] = {}  # workload with a next hold, not confined -> periods free in a row
 
     def quiet(self, now: float, tree: Optional[Times]) -> bool:
         """Whether the reclaimed tree as a whole (``tree``: its cumulative times now) spent under
@@ -68,10 +80,12 @@ class KernelWork:
         """Whether a reading of ``name`` is kept (one left unread is judged against it later)."""
         return name in self._last
 
-    def observe(self, now: float, times: Mapping[str, Optional[Times]], unread=frozenset()) -> bool:
+    def observe(self, now: float, times: Mapping[str, Optional[Times]], unread=frozenset(), lent: bool = True) -> bool:
         """A period's cpu times of the reclaimed workloads; True when the confined set changed.
         ``unread``: those of them not read this period, their tree being ``quiet``: under the mark, and
-        their last reading kept, so the next one spans the whole time since (a rate, not a sum)."""
+        their last reading kept, so the next one spans the whole time since (a rate, not a sum).
+        ``lent``: whether reclaimed work has lent cpus now; without, a confined workload waits at the
+        minimum quota and is released after its hold rather than ``RELEASE_PERIODS``."""
         changed = False
         last, self._last = self._last, {}
         self.kernel_millicpu = {}
@@ -98,16 +112,27 @@ class KernelWork:
                 if name not in self.confined:
                     self.confinements += 1
                     changed = True
+                    self.hold[name] = self._next_hold.get(name, FIRST_HOLD_PERIODS)
+                    self._next_hold[name] = min(2 * self.hold[name], RELEASE_PERIODS)
+                    self._free.pop(name, None)
                 self.confined[name] = 0
             elif name in self.confined:
                 self.confined[name] += 1
-                if self.confined[name] >= RELEASE_PERIODS:
+                if self.confined[name] >= (RELEASE_PERIODS if lent else self.hold.get(name, FIRST_HOLD_PERIODS)):
                     del self.confined[name]
+                    self.hold.pop(name, None)
                     changed = True
+            elif name in self._next_hold:  # free since its last release: the hold starts over after a while
+                self._free[name] = self._free.get(name, 0) + 1
+                if self._free[name] >= RELEASE_PERIODS:
+                    del self._next_hold[name], self._free[name]
         for name in [n for n in self.confined if n not in times]:  # ended
             del self.confined[name]
+            self.hold.pop(name, None)
             changed = True
         self.seen = {n: c for n, c in self.seen.items() if n in times}
+        self._next_hold = {n: h for n, h in self._next_hold.items() if n in times}
+        self._free = {n: c for n, c in self._free.items() if n in times}
         return changed
 
     def wait(self, now: float, names) -> None:

@@ -5,7 +5,8 @@ from agent.qrm.model import Pools
 from agent.qrm.policy import allocate, initial_state
 from agent.qrm.requests import parse_request
 from agent.topology.synthetic import Shape, build_topology
-from agent.services.kernel_work import KERNEL_SHARE, MIN_KERNEL_MILLICPU, PROBATION_PERIODS, RELEASE_PERIODS, KernelWork
+from agent.services.kernel_work import (FIRST_HOLD_PERIODS, KERNEL_SHARE, MIN_KERNEL_MILLICPU, PROBATION_PERIODS,
+                                       RELEASE_PERIODS, KernelWork)
 
 MS = 1_000_000  # ns
 
@@ -215,3 +216,60 @@ def test_a_confined_workload_on_lent_cpus_does_not_wait(make_agent):
     assert agent.owner.pools().reclaimed
     kernel = agent.status()["kernel_work"]
     assert kernel["confined"] == ["job"] and kernel["waiting_seconds"] == {} and kernel["waited_seconds_total"] == 0
+
+
+class _Job:
+    """One reclaimed workload's cumulative times, a period at a time: ``heavy`` (half a cpu in the kernel)
+    or quiet (waiting at the minimum quota: nothing)."""
+
+    def __init__(self, work: KernelWork) -> None:
+        self.work, self.t, self.kernel = work, 0.0, 0
+        work.observe(0.0, {"jvm": (0, 0)})
+
+    def period(self, heavy: bool, lent: bool = False) -> bool:
+        """whether it is confined after the period"""
+        self.t += 1.0
+        self.kernel += 500 * MS if heavy else 0
+        self.work.observe(self.t, {"jvm": (0, self.kernel)}, lent=lent)
+        return self.work.names() == {"jvm"}
+
+    def confined_for(self, heavy_first: bool = True, lent: bool = False, limit: int = 1000) -> int:
+        """periods confined: one heavy period, then quiet ones until released"""
+        assert self.period(heavy_first, lent)
+        for n in range(1, limit):
+            if not self.period(False, lent):
+                return n
+        raise AssertionError("never released")
+
+
+def test_a_waiting_workloads_hold_starts_short_and_doubles_each_time_it_is_confined_again():
+    """Nothing lent: a JVM's start runs in the kernel for a few periods; each release lets it on for a
+    period, and it is held again for twice as long, never longer than RELEASE_PERIODS"""
+    job = _Job(KernelWork())
+    holds = [job.confined_for() for _ in range(6)]
+    expected = [min(FIRST_HOLD_PERIODS * 2 ** i, RELEASE_PERIODS) for i in range(6)]
+    assert holds == expected and expected[0] < RELEASE_PERIODS and expected[-1] == RELEASE_PERIODS
+    assert job.work.confinements == 6
+
+
+def test_the_hold_starts_over_only_after_the_workload_ran_free_for_a_whole_release():
+    job = _Job(KernelWork())
+    assert job.confined_for() == FIRST_HOLD_PERIODS
+    for _ in range(RELEASE_PERIODS - 1):  # free, but not long enough
+        assert not job.period(False)
+    assert job.confined_for() == 2 * FIRST_HOLD_PERIODS
+    for _ in range(RELEASE_PERIODS):  # a whole release free: the next kernel phase is a new one
+        job.period(False)
+    assert job.confined_for() == FIRST_HOLD_PERIODS
+
+
+def test_with_lent_cpus_a_confined_workload_stays_for_the_whole_release():
+    """on lent cpus it runs at full speed: no hurry to move it back (each move costs it its cache)"""
+    job = _Job(KernelWork())
+    assert job.confined_for(lent=True) == RELEASE_PERIODS
+    # the node's cpus taken back while it is confined: from then on its hold counts
+    assert job.period(True, lent=True)
+    for _ in range(FIRST_HOLD_PERIODS * 2 - 1):  # its second confinement: a hold of twice the first
+        assert job.period(False, lent=True)
+    assert not job.period(False, lent=False)
+
