@@ -375,6 +375,10 @@ class Agent:
                 cfg.yarn_nodemanager_cgroups, self.enforcement.membership.offline_procs,
                 admit=lambda doc: self.admission.admit(doc), attach=self.admission.attach,
                 exists=lambda name: self.owner.state.get(name) is not None, tier=cfg.yarn_container_tier)
+            # kept between containers: one that YARN starts during a lending notice (YARN was shown the
+            # floor at its start) joins it; admitting it anew then is refused (nothing new in a transition)
+            standing = frozenset(self.containers.workloads().values())
+            self.admission.standing = lambda: standing
 
     def _start_net(self) -> None:
         """Traffic shaping (isolation.net) after the cgroups exist: the classifier matches the

@@ -8,7 +8,8 @@
   cgroups); ``attach(name, pid)``: a process into a local workload's cgroup.
 * ``release``: by the API, or by the workload's source: a local workload
   when its cgroup stayed empty (``release_empty``: after ``empty_grace`` for
-  one that never had a process), a pod when the API server says it is gone.
+  one that never had a process; never a ``standing`` one), a pod when the
+  API server says it is gone.
 """
 
 from __future__ import annotations
@@ -47,6 +48,9 @@ class Admission:
         self.max_per_user = max_per_user
         # evicts reclaimed work left with no cpu (services.eviction.homeless), before the kernel is told
         self.homeless: Callable[[], Any] = lambda: None
+        # local workloads kept while empty: an offline system's containers' (services.offline_containers),
+        # which its daemon fills and empties all day
+        self.standing: Callable[[], Any] = frozenset
         self.seen_procs: Dict[str, bool] = {}
         self.created_at: Dict[str, float] = {}
 
@@ -222,8 +226,9 @@ class Admission:
         """Local workloads whose cgroup stayed empty: released (another source's never are)."""
         owner = self.owner
         state = owner.state
+        standing = self.standing()
         for alloc in list(state.allocations):
-            if alloc.qos is QoS.SYSTEM or alloc.source != LOCAL:
+            if alloc.qos is QoS.SYSTEM or alloc.source != LOCAL or alloc.name in standing:
                 continue  # another source (the API server, for a pod) says when it is gone
             procs = self.enforcement.driver.procs(paths[alloc.name])
             if procs:

@@ -9,7 +9,10 @@ cgroup (``<name>-containers``): there the kernel bounds it (idle priority, the r
 limits), the capacity counts it as offline, and what ends offline work (the end of a lending notice,
 capacity gone, memory short) stops the containers and leaves the NodeManager running.
 
-Where the workload cannot be admitted (no cpu left for reclaimed work, the node in a transition),
+The workload stays while its daemon's containers come and go (``Admission.standing``): a container
+YARN starts during a lending notice (shown the floor from the notice's start) joins it, and the
+notice's end stops it with the rest. Where the workload cannot be admitted (no cpu left for reclaimed
+work, the node in a transition: after an eviction),
 containers that YARN placed anyway are killed, each once, and counted (``refused``): nothing runs outside
 the bounds Tidal sets. A YARN told only what Tidal gives places none there (``reporter.yarn``).
 """

@@ -72,6 +72,44 @@ def test_containers_move_to_the_reclaimed_tree_and_the_nodemanager_stays(tmp_pat
         agent.shutdown()
 
 
+def test_the_containers_workload_stays_between_containers_and_takes_one_started_during_a_notice(tmp_path,
+                                                                                                make_agent):
+    """YARN is shown the floor from a notice's start and may start a container then: it joins the
+    containers' workload, kept while empty, and stops with the rest at the notice's end (the YARN tier's
+    day: an application submitted in the notice failed, its containers killed as new work in a transition)"""
+    import time
+
+    agent, driver = agent_with_nodemanager(make_agent)
+    proc = tmp_path / "proc"
+    fake_proc(proc, 800, {"CONTAINER_ID": "container_1_0003_01_000001"})
+    agent.containers.proc = str(proc)
+    killed = []
+    agent.containers.kill = lambda pid, sig: killed.append(pid)
+    name = workload_name(NM)
+    try:
+        driver.move(NM, 800)
+        assert agent.containers.adopt() == 1
+        driver.members[f"tidal/reclaimed/low/{name}"].remove(800)  # the container exited
+        assert driver.procs(f"tidal/reclaimed/low/{name}") == []
+        agent.tick()
+        agent.tick()
+        assert agent.state.get(name) is not None  # empty, and kept
+        agent.lend("0s")
+        agent.tick()
+        agent.take_back("1h")
+        agent.tick()
+        assert agent.lending.current.state == "OfflineToOnline"
+        fake_proc(proc, 801, {"CONTAINER_ID": "container_1_0004_01_000001"})
+        driver.move(NM, 801)
+        assert agent.containers.adopt() == 1 and not killed and agent.containers.refused == 0
+        assert driver.procs(f"tidal/reclaimed/low/{name}") == [801]
+        agent.tick(epoch=time.time() + 3601)
+        assert agent.lending.current.state == "Online" and agent.state.get(name) is None
+        assert agent.eviction.evictions[-1]["name"] == name and agent.eviction.evictions[-1]["pids"] == [801]
+    finally:
+        agent.shutdown()
+
+
 def test_a_container_with_no_room_is_killed_once_and_counted(tmp_path, make_agent):
     agent, driver = agent_with_nodemanager(make_agent)
     proc = tmp_path / "proc"
