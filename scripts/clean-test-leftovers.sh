@@ -4,7 +4,8 @@
 # tidal-test-* / tidal-bench-* at the top of each hierarchy, the memory tier's working-set files
 # /var/tmp/tidal-test-working-set-*.bin (tests/privileged/test_memory_real.py), the hwloc trees the
 # unit tier and `tidal bench qrm --shapes` unpack (tidal-hwloc-*, tidal-shapes-*, ~120 MB each: left
-# over many runs they fill /dev/shm) and a control plane's directory (tidal-k8s-*); from the node tier
+# over many runs they fill /dev/shm), the benches' state directories (tidal-bench-*, tidal-overhead-*)
+# and a control plane's directory (tidal-k8s-*); from the node tier
 # (tests/node): its kubelet, containerd and their shims and containers (every process whose command
 # line names a tidal-k8s-* directory in /tmp or /dev/shm: make test's TMPDIR), the mounts under those
 # directories and the directories,
@@ -31,7 +32,7 @@ sleep 1
 for point in $(awk '{print $5}' /proc/self/mountinfo | grep -E '^(/tmp|/dev/shm)/tidal-k8s-' | sort -r); do
     umount -l "$point" 2>/dev/null && removed=$((removed + 1)) && echo "mount $point"
 done
-for dir in $(for t in $TEMPS; do echo "$t"/tidal-k8s-* "$t"/tidal-hwloc-* "$t"/tidal-shapes-*; done); do
+for dir in $(for t in $TEMPS; do echo "$t"/tidal-k8s-* "$t"/tidal-hwloc-* "$t"/tidal-shapes-* "$t"/tidal-bench-* "$t"/tidal-overhead-*; done); do
     [ -d "$dir" ] || continue
     grep -q " $dir[/ ]" /proc/self/mountinfo && { echo "directory $dir: still mounted, left alone" >&2; continue; }
     rm -rf "$dir" && removed=$((removed + 1)) && echo "directory $dir"
