@@ -18,35 +18,51 @@ ROOT_DIR_OPTION = click.option(
          "hwloc's *.tar.bz2 test trees (default: tests/fixtures/hwloc of this checkout).")
 
 
-def _captured_trees(directory: Optional[str]) -> dict:
-    """``{name: root}`` of the machines under ``directory`` (archives extracted into a temporary dir)."""
+def _tree_sources(directory: Optional[str]) -> dict:
+    """``{name: archive or directory}`` of the machines captured under ``directory`` (default: the hwloc
+    fixtures), nothing extracted yet."""
     import glob
-    import subprocess
-    import atexit
-    import shutil
-    import tempfile
 
     here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     directory = directory or os.path.join(here, "tests", "fixtures", "hwloc")
     if not os.path.isdir(directory):
         raise TidalError(f"--shapes {directory}: no such directory")
-    roots = {}
-    archives = sorted(glob.glob(os.path.join(directory, "*.tar.bz2")))
+    archives = {os.path.basename(a)[:-len(".tar.bz2")]: a
+                for a in sorted(glob.glob(os.path.join(directory, "*.tar.bz2")))}
+    sources = archives or {e: os.path.join(directory, e) for e in sorted(os.listdir(directory))
+                           if os.path.isdir(os.path.join(directory, e, "sys"))}
+    if not sources:
+        raise TidalError(f"--shapes {directory}: no captured trees (*.tar.bz2 or directories with sys/)")
+    return sources
+
+
+def _captured_trees(directory: Optional[str], only: Optional[str] = None) -> dict:
+    """``{name: root}`` of the machines under ``directory`` (archives extracted into a temporary dir, ~120 MB
+    in all); ``only``: that machine alone, the others neither extracted nor read (an unknown name is one
+    error line that lists the machines)."""
+    import atexit
+    import shutil
+    import subprocess
+    import tempfile
+
+    sources = _tree_sources(directory)
+    if only is not None:
+        if only not in sources:
+            raise TidalError(f"--shape {only}: not among the machines ({', '.join(sources)})")
+        sources = {only: sources[only]}
+    roots = {name: path for name, path in sources.items() if not path.endswith(".tar.bz2")}
+    archives = {name: path for name, path in sources.items() if path.endswith(".tar.bz2")}
     if archives:
         work = tempfile.mkdtemp(prefix="tidal-shapes-")
-        atexit.register(shutil.rmtree, work, True)  # the trees are read until the bench ends (~120 MB)
-        for archive in archives:
-            name = os.path.basename(archive)[:-len(".tar.bz2")]
+        atexit.register(shutil.rmtree, work, True)  # the trees are read until the bench ends
+        for name, archive in archives.items():
             expected = archive[:-len(".tar.bz2")] + ".expected.json"
-            subprocess.run(["tar", "-xjf", archive, "-C", work], check=True)
+            done = subprocess.run(["tar", "-xjf", archive, "-C", work], capture_output=True, text=True)
+            if done.returncode != 0:
+                said = (done.stderr.strip().splitlines() or ["no output"])[0]
+                raise TidalError(f"--shapes: {archive}: not a tree tar could extract ({said})")
             root = json.load(open(expected))["root"] if os.path.exists(expected) else name
             roots[name] = os.path.join(work, root)
-    else:
-        for entry in sorted(os.listdir(directory)):
-            if os.path.isdir(os.path.join(directory, entry, "sys")):
-                roots[entry] = os.path.join(directory, entry)
-    if not roots:
-        raise TidalError(f"--shapes {directory}: no captured trees (*.tar.bz2 or directories with sys/)")
     return roots
 
 
@@ -141,6 +157,12 @@ def bench_scheduler(nodes: int, pods: int, mode: str, rate, numa_share: float, s
     from cluster.scheduler import bench
     from kube.rest import ApiError
 
+    from cluster.scheduler.fleet import kwok_testbin
+
+    try:
+        kwok_testbin("tidal bench scheduler")  # before ~120 MB of trees are extracted for nothing
+    except RuntimeError as exc:
+        raise TidalError(str(exc)) from None
     roots = _captured_trees(shapes_dir)
     try:
         result = bench.run(fleet_shapes(roots), nodes, pods, mode, rate, numa_share, shards or (1,),
@@ -188,15 +210,12 @@ def bench_day(nodes: int, shape: str, seconds_per_minute: float, lending_period:
     from agent.bench.fleet import shapes as fleet_shapes
     from cluster import day
     from cluster.lending import parse_window
-    from cluster.scheduler.fleet import Fleet, kwok_binary
+    from cluster.scheduler.fleet import Fleet, kwok_testbin
     from cluster.simulate import read_trace
-    from kube.localplane import ControlPlane, testbin
+    from kube.localplane import ControlPlane
     from kube.rest import ApiError
     from kubernetes.client.exceptions import ApiException
 
-    shapes = {s["name"]: s for s in fleet_shapes(_captured_trees(shapes_dir))}
-    if shape not in shapes:
-        raise TidalError(f"--shape {shape}: not among the machines ({', '.join(sorted(shapes))})")
     if metrics_gap is not None:
         if not autoscaler:
             raise TidalError("--metrics-gap: the metrics are the HPA's (drop --no-hpa)")
@@ -204,10 +223,18 @@ def bench_day(nodes: int, shape: str, seconds_per_minute: float, lending_period:
             parse_window(metrics_gap)
         except TidalError:
             raise TidalError(f"--metrics-gap {metrics_gap!r}: expected HH:MM-HH:MM within 00:00-23:59") from None
+    machines = _tree_sources(shapes_dir)
+    if shape not in machines:
+        raise TidalError(f"--shape {shape}: not among the machines ({', '.join(machines)})")
     trace = read_trace(trace_path, nodes) if trace_path else None
-    binaries, kwok = testbin(), kwok_binary()
-    if binaries is None or kwok is None:
-        raise TidalError("tidal bench day needs the control plane and KWOK: make k8s-testbin kwok")
+    try:
+        binaries, kwok = kwok_testbin("tidal bench day")
+    except RuntimeError as exc:
+        raise TidalError(str(exc)) from None
+    # every flag is checked first: only then is the one machine's tree extracted (the others are not)
+    shapes = {s["name"]: s for s in fleet_shapes(_captured_trees(shapes_dir, only=shape))}
+    if shape not in shapes:
+        raise TidalError(f"--shape {shape}: no cpu or memory left once its reserved pool is set aside")
     say = lambda line: click.echo(f"tidal bench day: {line}", err=True)  # noqa: E731
     import urllib3
 

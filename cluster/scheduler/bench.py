@@ -282,12 +282,10 @@ def tidal_phase(plane, shards: int = 1, extra: Sequence[str] = ()) -> Phase:
 def run(shapes: Sequence[Dict], nodes: int, pods: int, mode: str = "backlog", rate: Optional[float] = None,
         numa_share: float = 0.1, shards: Sequence[int] = (1,), schedulers: Sequence[str] = ("kube-scheduler", "tidal"),
         progress: Callable[[str], None] = lambda _: None, timeout: Optional[float] = None) -> Dict:
-    from kube.localplane import ControlPlane, testbin
-    from cluster.scheduler.fleet import kwok_binary
+    from kube.localplane import ControlPlane
+    from cluster.scheduler.fleet import kwok_testbin
 
-    binaries, kwok = testbin(), kwok_binary()
-    if binaries is None or kwok is None:
-        raise RuntimeError("tidal bench scheduler needs the control plane and KWOK: make k8s-testbin kwok")
+    binaries, kwok = kwok_testbin("tidal bench scheduler")
     plane = ControlPlane(binaries, json_storage=False).start()
     try:
         fleet = Fleet(plane, kwok)

@@ -22,7 +22,7 @@ import re
 import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from contracts.nrt import GROUP as NRT_GROUP, PLURAL as NRT_PLURAL, UPDATED, VERSION as NRT_VERSION, rfc3339
 from kube.rest import ApiError, Rest
@@ -39,6 +39,17 @@ def kwok_binary() -> Optional[str]:
         os.environ.get("TIDAL_CACHE", os.path.expanduser("~/.cache/tidal")), "kwok",
         os.environ.get("KWOK_VERSION", "v0.7.0"), "kwok")
     return path if os.access(path, os.X_OK) else None
+
+
+def kwok_testbin(command: str) -> Tuple[Dict[str, str], str]:
+    """The control plane's binaries and KWOK's, for ``command`` (its name, for the error); RuntimeError
+    naming what to build where either is missing."""
+    from kube.localplane import testbin
+
+    binaries, kwok = testbin(), kwok_binary()
+    if binaries is None or kwok is None:
+        raise RuntimeError(f"{command} needs the control plane and KWOK: make k8s-testbin kwok")
+    return binaries, kwok
 
 
 def node_object(name: str, shape: Dict, labels: Optional[Dict[str, str]] = None,

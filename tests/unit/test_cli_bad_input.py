@@ -32,6 +32,13 @@ def file_with(tmp_path, name, data: bytes):
     return str(path)
 
 
+def shapes_with(tmp_path, archive: bytes) -> str:
+    """A --shapes directory holding one machine, 16amd64-8n2c, as this archive."""
+    (tmp_path / "shapes").mkdir()
+    file_with(tmp_path / "shapes", "16amd64-8n2c.tar.bz2", archive)
+    return str(tmp_path / "shapes")
+
+
 CASES = [
     ("plan-infinity", lambda t, r: ["plan", "--root", r, "--requests", file_with(t, "r.json", b'[{"name":"a","qos":"shared_cores",'
                                                                               b'"millicpu":1e400}]')], "1e400 is out of range"),
@@ -96,6 +103,11 @@ CASES = [
     ("day-trace-bad-node", lambda t, r: ["bench", "day", "--nodes", "3", "--trace", file_with(
         t, "t.csv", b"minute,kind,name,cores,duration_min,tier,node\n0,offline,j,2,30,low,node-3\n")],
      "unknown node id 'node-3' (the cluster has node-0 .. node-2)"),
+    ("day-shape-unknown", lambda t, r: ["bench", "day", "--shape", "nosuch"],
+     "--shape nosuch: not among the machines (128arm-2pa2n8cluster4co, 16amd64-8n2c"),
+    # the flags are checked before any machine's tree is extracted (this archive is not a tree at all)
+    ("day-flags-before-trees", lambda t, r: ["bench", "day", "--shapes", shapes_with(t, b"not bzip2"),
+                                             "--metrics-gap", "7:00-25:00"], "--metrics-gap '7:00-25:00': expected"),
     ("day-metrics-gap-no-hpa", lambda t, r: ["bench", "day", "--no-hpa", "--metrics-gap", "08:00-09:00"],
      "--metrics-gap: the metrics are the HPA's"),
 ]
@@ -148,3 +160,21 @@ def test_an_agent_that_dies_mid_answer_is_one_error_line(tmp_path):
     lines = [line for line in err.splitlines() if line.strip()]
     assert done.returncode == 2, err
     assert len(lines) == 1 and "closed the connection before it answered" in lines[0], err
+
+
+def test_a_captured_tree_tar_cannot_extract_is_one_error_naming_the_archive(tmp_path):
+    from agent.cli.bench import _captured_trees
+    from agent.errors import TidalError
+
+    shapes = shapes_with(tmp_path, b"not bzip2")
+    with pytest.raises(TidalError, match=r"16amd64-8n2c\.tar\.bz2: not a tree tar could extract \(.+\)"):
+        _captured_trees(shapes)
+    with pytest.raises(TidalError, match=r"--shape 2arm-2c: not among the machines \(16amd64-8n2c\)"):
+        _captured_trees(shapes, only="2arm-2c")
+
+
+def test_one_machine_asked_for_is_the_one_extracted():
+    from agent.cli.bench import _captured_trees
+
+    roots = _captured_trees(None, only="2arm-2c")
+    assert list(roots) == ["2arm-2c"] and os.path.isdir(os.path.join(roots["2arm-2c"], "sys", "devices", "system", "cpu"))
