@@ -35,6 +35,9 @@ class _Group(click.Group):
         kwargs.setdefault("complete_var", "_TIDAL_COMPLETE")
         try:
             code = super().main(*args, **kwargs)
+        except click.exceptions.NoArgsIsHelpError as exc:  # `tidal`, `tidal node`: the help, not an error line
+            click.echo(exc.ctx.get_help() if exc.ctx else exc.format_message(), err=True)
+            sys.exit(exc.exit_code)
         except click.ClickException as exc:
             click.echo(f"tidal: error: {exc.format_message()}", err=True)
             sys.exit(exc.exit_code)

@@ -178,3 +178,12 @@ def test_one_machine_asked_for_is_the_one_extracted():
 
     roots = _captured_trees(None, only="2arm-2c")
     assert list(roots) == ["2arm-2c"] and os.path.isdir(os.path.join(roots["2arm-2c"], "sys", "devices", "system", "cpu"))
+
+
+@pytest.mark.parametrize("argv", [(), ("node",), ("bench",)], ids=["tidal", "tidal node", "tidal bench"])
+def test_a_group_without_its_command_shows_its_help_not_an_error_line(argv):
+    done = tidal(*argv)
+    err = done.stderr.decode()
+    assert done.returncode == 2 and done.stdout == b"", err
+    assert err.startswith(f"Usage: tidal {' '.join(argv)}".rstrip() + " [OPTIONS] COMMAND") and "tidal: error" not in err
+    assert "\nCommands:\n" in err
