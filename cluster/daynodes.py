@@ -16,9 +16,8 @@ minute, deciding with the agents' own rules:
   replicas running (each uses demand / their requests of its request). Published as the agent publishes
   it, the node's allocatable ``tidal.io/reclaimed-millicpu``, in whole cores (offline jobs ask whole
   cores; a fraction would be a node patch a minute for nothing).
-* **eviction**: offline pods whose requests exceed the node's capacity go in the agent's order
-  (``agent.qrm.eviction.choose_victims``, which this layer may not import: tier low, then min, then high,
-  youngest first; ``EVICTION_ORDER``), at once (the
+* **eviction**: offline pods whose requests exceed the node's capacity go by the agents' rule
+  (``contracts.eviction``: tier low, then min, then high, youngest first), at once (the
   simulator's rule; the agent's 10 s of throttling first would be 100 day minutes here), cause ``lending``
   where a take-back notice ended this minute, ``cpu`` otherwise.
 
@@ -37,6 +36,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Deque, Dict, Iterable, List, Optional, Sequence, Tuple
 
+from contracts.eviction import TIERS, choose_victims
 from contracts.headroom import DEFAULT_BUFFER, online_estimate
 from contracts.states import CURRENT_ANNOTATION, OFFLINE, ONLINE, RECLAIMED_CPU, STATE_LABEL, TO_OFFLINE, TO_ONLINE
 
@@ -44,22 +44,6 @@ OFFLINE_APP = "tidal-day-offline"
 TIER_ANNOTATION = "tidal.io/tier"
 JOB_LABEL = "tidal.io/day-job"
 UNSCHEDULABLE_TAINT = "node.kubernetes.io/unschedulable"
-TIERS = ("high", "min", "low")
-EVICTION_ORDER = ("low", "min", "high")  # the agent's (agent.qrm.model.EVICTION_ORDER)
-
-
-def choose_victims(pods: Sequence[Tuple[str, str, int]], capacity_millicpu: int) -> List[Tuple[str, str, int]]:
-    """``pods``: (name, tier, millicpu) in admission order; those to evict for the rest to fit: tier low,
-    then min, then high, the youngest first within a tier (the agent's rule)."""
-    total = sum(p[2] for p in pods)
-    order = {p[0]: i for i, p in enumerate(pods)}
-    victims = []
-    for pod in sorted(pods, key=lambda p: (EVICTION_ORDER.index(p[1]), -order[p[0]])):
-        if total <= capacity_millicpu:
-            break
-        victims.append(pod)
-        total -= pod[2]
-    return victims
 
 
 @dataclass
@@ -257,7 +241,8 @@ class OfflineJobs:
         for node, pods in sorted(self.by_node().items()):
             pods.sort(key=lambda p: (p[1].bound, p[0]))  # admission order: the youngest last
             victims = choose_victims([(name, self.jobs[t.job].tier, int(round(self.jobs[t.job].cores * 1000)))
-                                      for name, t in pods], capacity.get(node, 0))
+                                      for name, t in pods], capacity.get(node, 0),
+                                     tier=lambda p: p[1], millicpu=lambda p: p[2])
             cause = "lending" if node in notice_ended else "cpu"
             for name, tier, _ in victims:
                 tracked = self.pods[name]

@@ -63,9 +63,9 @@ import numpy as np
 
 from contracts.errors import TidalError
 from cluster.lendrule import TAKE_BACK, OnlineNode, decide
+from contracts.eviction import TIERS
 from contracts.headroom import DEFAULT_BUFFER, online_estimate
 
-TIERS = ("high", "min", "low")
 
 
 class TraceError(TidalError):

@@ -30,6 +30,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Dict, Optional, Tuple
 
+from contracts.eviction import TIERS
 from contracts.states import RECLAIMED_CPU, RECLAIMED_MEMORY  # noqa: F401 - part of this contract
 
 QOS_LEVEL = "tidal.io/qos-level"
@@ -41,7 +42,6 @@ KATALYST_MEMORY = "katalyst.kubewharf.io/memory_enhancement"
 LEVELS = ("dedicated_cores", "shared_cores", "reclaimed_cores", "system_cores")
 MIRROR = "kubernetes.io/config.mirror"
 POD_WORKLOAD = re.compile(r"^pod/[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
-TIERS = ("high", "min", "low")
 
 _QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]+)?)([a-zA-Z]*)$")
 _SUFFIX = {"": 1, "m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18,

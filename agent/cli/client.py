@@ -10,6 +10,7 @@ from urllib.parse import quote
 import click
 
 from agent.errors import TidalError
+from contracts.eviction import TIERS
 from agent.cli import FiniteRange, SOCKET_OPTION, _Group, emit_json, main
 from agent.cli.render import status_lines
 
@@ -31,7 +32,7 @@ def _client(socket_path: str):
               help="shared_cores: a cpu limit (a quota), with the agent's burst above it (--online-cpu-burst).")
 @click.option("--numa-binding", is_flag=True, help="dedicated_cores: cpus and memory of one NUMA node.")
 @click.option("--numa-exclusive", is_flag=True, help="dedicated_cores: take the NUMA node alone.")
-@click.option("--tier", type=click.Choice(["high", "min", "low"]), default=None, help="reclaimed_cores tier.")
+@click.option("--tier", type=click.Choice(TIERS), default=None, help="reclaimed_cores tier.")
 @click.option("--name", default=None, help="Workload name (default run-<pid>).")
 @click.option("--offline-cgroup", default=None, metavar="PATH",
               help="Run COMMAND in this offline system's own cgroup instead (one the agent declares with "

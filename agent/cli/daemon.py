@@ -12,6 +12,7 @@ from typing import Optional
 import click
 
 from agent.errors import TidalError
+from contracts.eviction import TIERS
 from agent.cli import FiniteRange, ROOT_OPTION, SOCKET_OPTION, main
 from agent.cli.cluster import kube_client
 
@@ -101,7 +102,7 @@ def parse_reserved(value: Optional[str]):
                    "with `tidal run --offline-cgroup PATH -- yarn nodemanager`): offline like --offline-cgroup, never "
                    "evicted; every container it launches is moved into Tidal's reclaimed tree, where lending, "
                    "capacity and memory stop them and leave the NodeManager running. Repeatable.")
-@click.option("--yarn-container-tier", default="low", show_default=True, type=click.Choice(["high", "min", "low"]),
+@click.option("--yarn-container-tier", default="low", show_default=True, type=click.Choice(TIERS),
               help="The eviction tier of YARN containers (--yarn-nodemanager-cgroup).")
 @click.option("--eviction-grace", default=10.0, show_default=True, type=FiniteRange(0, 3600),
               help="Seconds over-committed reclaimed work is throttled before whole workloads are evicted.")

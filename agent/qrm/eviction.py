@@ -16,22 +16,14 @@ from __future__ import annotations
 from typing import List, Mapping, Optional, Sequence
 
 from agent.qrm.model import EVICTION_ORDER, Allocation, QoS
+from contracts import eviction
 
 
 def choose_victims(allocations: Sequence[Allocation], capacity_millicpu: int) -> List[Allocation]:
-    reclaimed = [a for a in allocations if a.qos is QoS.RECLAIMED]
-    total = sum(a.millicpu for a in reclaimed)
-    if total <= capacity_millicpu:
-        return []
-    order = {a.name: i for i, a in enumerate(allocations)}  # admission order: later is younger
-    candidates = sorted(reclaimed, key=lambda a: (EVICTION_ORDER.index(a.tier), -order[a.name]))
-    victims = []
-    for alloc in candidates:
-        if total <= capacity_millicpu:
-            break
-        victims.append(alloc)
-        total -= alloc.millicpu
-    return victims
+    """The reclaimed workloads of ``allocations`` (admission order) to evict for the rest to fit in
+    ``capacity_millicpu``: ``contracts.eviction``'s rule."""
+    return eviction.choose_victims([a for a in allocations if a.qos is QoS.RECLAIMED], capacity_millicpu,
+                                   tier=lambda a: a.tier.value, millicpu=lambda a: a.millicpu)
 
 
 def choose_memory_victims(allocations: Sequence[Allocation], usage_bytes: Mapping[str, Optional[int]],

@@ -19,6 +19,8 @@ import enum
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple, Union
 
+from contracts import eviction
+
 
 class QoS(str, enum.Enum):
     SYSTEM = "system_cores"
@@ -35,7 +37,7 @@ class Tier(str, enum.Enum):
     LOW = "low"
 
 
-EVICTION_ORDER = (Tier.LOW, Tier.MIN, Tier.HIGH)
+EVICTION_ORDER = tuple(Tier(t) for t in eviction.EVICTION_ORDER)  # contracts.eviction's
 
 # Workload sources: each decides when its workloads are gone. A local workload (the API,
 # ``tidal run``) is gone when its cgroup in Tidal's tree stayed empty; a Kubernetes pod

@@ -160,11 +160,15 @@ def test_a_pod_gone_without_its_agents_word_is_killed_outside_a_notice_and_runs_
 
 
 def test_the_eviction_order_is_the_agents():
+    """The stand-in calls the agents' rule (contracts.eviction) on pods, the agent on its allocations: the
+    same pods go for the same capacity."""
     from agent.qrm.eviction import choose_victims as agents
     from agent.qrm.model import Allocation, QoS, Tier
-    from cluster.daynodes import choose_victims
+    from contracts.eviction import choose_victims
 
     pods = [("a", "high", 4000), ("b", "low", 2000), ("c", "min", 3000), ("d", "low", 1000), ("e", "high", 2000)]
-    for capacity in (0, 3000, 6000, 9000, 12000):
+    expected = {0: "d b c e a", 3000: "d b c e a", 6000: "d b c", 9000: "d b", 11500: "d", 12000: ""}
+    for capacity, names in expected.items():
         theirs = agents([Allocation(n, QoS.RECLAIMED, m, tier=Tier(t)) for n, t, m in pods], capacity)
-        assert [v[0] for v in choose_victims(pods, capacity)] == [a.name for a in theirs], capacity
+        ours = choose_victims(pods, capacity, tier=lambda p: p[1], millicpu=lambda p: p[2])
+        assert [v[0] for v in ours] == [a.name for a in theirs] == names.split(), capacity

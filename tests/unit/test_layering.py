@@ -10,7 +10,9 @@ here; one removed there is no longer); the rest is listed below.
 * ``agent/qrm`` (policy) imports no isolation, reporter, k8s, daemon or cluster code;
 * only ``agent/isolation`` writes the kernel: nowhere else names a cgroup control file in code,
   runs ``tc``/``nft``, or uses pyroute2; and nowhere else opens a file for writing, except the
-  places listed below, each with what it writes.
+  places listed below, each with what it writes;
+* the rules both sides apply have one home in ``contracts``: no other module spells the eviction order
+  of tiers (``contracts/eviction.py``).
 """
 
 from __future__ import annotations
@@ -212,3 +214,18 @@ def test_the_movers_list_has_no_stale_entries():
                     and "driver" in ast.unparse(node.func.value):
                 moving.add(rel)
     assert MOVERS <= moving, MOVERS - moving
+
+
+def test_the_eviction_order_has_one_home():
+    """No module but contracts/eviction.py writes the tiers in an order (a copy of the rule: the day's
+    stand-in once kept one, held equal to the agent's by a test)."""
+    tiers = {"low", "min", "high"}
+    offenders: List[str] = []
+    for rel, tree in sources():
+        if rel == "contracts/eviction.py":
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Tuple, ast.List)) and len(node.elts) == 3 and \
+                    {getattr(e, "value", None) for e in node.elts} == tiers:
+                offenders.append(f"{rel}:{node.lineno} {ast.unparse(node)}")
+    assert not offenders, offenders

@@ -48,6 +48,7 @@ from agent.isolation.cgroups.driver import CgroupDriver
 from agent.isolation.cgroups.knobs import files_for, line_writes, normalize, satisfied
 from agent.isolation.systemd import SystemdError, cgroup_properties, is_unit
 from agent.topology.parse import format_cpulist, parse_cpulist
+from contracts.eviction import TIERS
 
 Key = Tuple[str, str, str]  # (path, controller, file)
 CPUSET_KNOBS = ("cpus", "mems", "cpus_exclusive")
@@ -110,7 +111,7 @@ class Reconciler:
         # dedicated leaves whose cpuset partition the kernel refused: plain cpusets there, with the reason
         self.partition_refused: Dict[str, str] = {}
         self.managed_roots = tuple(managed_roots) or (f"{base}/dedicated", f"{base}/shared",
-                                                      *[f"{base}/reclaimed/{t}" for t in ("high", "min", "low")])
+                                                      *[f"{base}/reclaimed/{t}" for t in TIERS])
 
     def _ours(self, path: str) -> bool:
         return path == self.base or path.startswith(self.base + "/") or path in self.created
