@@ -155,9 +155,8 @@ def bench_scheduler(nodes: int, pods: int, mode: str, rate, numa_share: float, s
     """kube-scheduler and Tidal's scheduler on one API server with N KWOK nodes: pods/s, latency, cpu."""
     from agent.bench.fleet import shapes as fleet_shapes
     from cluster.scheduler import bench
-    from kube.rest import ApiError
-
     from cluster.scheduler.fleet import kwok_testbin
+    from kube.rest import ApiError
 
     try:
         kwok_testbin("tidal bench scheduler")  # before ~120 MB of trees are extracted for nothing
