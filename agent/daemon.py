@@ -799,4 +799,6 @@ class Agent:
                 self.owner.commit(State(reserved=self.state.reserved))
             self.echo(f"tidal agent: reverted: removed {len(report.removed)} cgroups, "
                       f"restored {len(report.written)} values, {len(report.failed)} failures")
+        if self.harvest is not None and self.harvest.pressure_files is not None:
+            self.harvest.pressure_files.close()  # the period's meters read no more (the guard closes its own)
         self.echo("tidal agent: stopped")

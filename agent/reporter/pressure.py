@@ -64,6 +64,14 @@ class PressureFiles:
             self._fds.pop(key, None)
             return None
 
+    def retain(self, resource: str, paths: Iterable[str]) -> None:
+        """Close the kept files of ``resource`` whose cgroup is no longer among ``paths`` (an online pod
+        deleted): never read again, they would stay open for the agent's life, one per pod it ever saw."""
+        live = set(paths)
+        for key in [key for key in self._fds if key[1] == resource and key[0] not in live
+                    and key[0] != "/proc/pressure"]:
+            os.close(self._fds.pop(key))
+
     def node_total(self, resource: str, kind: str = "some") -> Optional[float]:
         """The node's cumulative stall (``/proc/pressure/<resource>``, ``kind``'s ``total``, microseconds),
         from a file kept open like the cgroups'; None without PSI."""
@@ -90,13 +98,21 @@ class PressureFiles:
 class PressureMeter:
     def __init__(self, read: PressureReader, paths: Callable[[], Iterable[str]], resource: str = "memory",
                  kind: str = "some", node: Optional[Callable[[str], Optional[Dict[str, Dict[str, float]]]]] = None,
-                 gate: Optional[Callable[[], Optional[float]]] = None) -> None:
+                 gate: Optional[Callable[[], Optional[float]]] = None, refresh_s: Optional[float] = None,
+                 files: Optional[PressureFiles] = None) -> None:
         """``gate``: the node's cumulative stall of the same kind (``PressureFiles.node_total``). Where it
         has not moved since the last sample no task anywhere stalled, online's neither: the sample is 0
-        without reading each online cgroup (one read instead of one per cgroup, every guard interval)."""
+        without reading each online cgroup (one read instead of one per cgroup, every guard interval).
+        ``refresh_s``: read them anyway once that long passed since the last read, so that ``avg10`` (the
+        kernel's running average, shown in status) is never older than that. ``files``: the kept-open files
+        ``read`` reads from; those of cgroups no longer in ``paths`` are closed when the list changes."""
         self.read = read
         self.gate = gate
+        self.refresh_s = refresh_s
+        self.files = files
+        self._files_paths: Optional[object] = None  # the path list the kept files were last pruned to
         self._gate: Optional[float] = None
+        self._read_at: Optional[float] = None  # when the cgroups were last read
         self.paths = paths
         self.resource = resource
         self.kind = kind
@@ -109,7 +125,11 @@ class PressureMeter:
     def _totals(self) -> Tuple[Optional[str], Dict[str, Tuple[float, float]]]:
         """``{path: (total_us, avg10)}`` of the online cgroups, else of the node."""
         found: Dict[str, Tuple[float, float]] = {}
-        for path in self.paths():
+        paths = self.paths()
+        if self.files is not None and paths is not self._files_paths:  # the owner's list changes only with them
+            self.files.retain(self.resource, paths)
+            self._files_paths = paths
+        for path in paths:
             doc = self.read(path, self.resource)
             figures = (doc or {}).get(self.kind)
             if figures and "total" in figures:
@@ -128,11 +148,14 @@ class PressureMeter:
         if self.gate is not None:
             gate, last_gate = self.gate(), self._gate
             self._gate = gate
-            if gate is not None and gate == last_gate and self.scope == "cgroups" and self._last[0] is not None:
+            fresh = self.refresh_s is None or (self._read_at is not None and now - self._read_at < self.refresh_s)
+            if gate is not None and gate == last_gate and self.scope == "cgroups" and self._last[0] is not None \
+                    and fresh:
                 self._last = (now, self._last[1])  # the online cgroups' totals are where they were
                 self.percent = 0.0
                 return self.percent
         scope, totals = self._totals()
+        self._read_at = now
         last_time, last = self._last
         self._last = (now, {path: total for path, (total, _) in totals.items()})
         self.scope = scope

@@ -73,10 +73,10 @@ class FastGuard:
         readers = [self.harvest.driver.usage_reader(p) for p in (f"{base}/shared", f"{base}/system")]
         files = PressureFiles(getattr(self.harvest.driver, "membership_dir", lambda path: None))
         # stalls on memory are rare: the node's one figure says when the online cgroups' need reading
-        pressure = PressureMeter(files.read, self.harvest.usage.online_cgroups, "memory",
+        pressure = PressureMeter(files.read, self.harvest.usage.online_cgroups, "memory", files=files,
                                  gate=lambda: files.node_total("memory"))
-        cpu_pressure = PressureMeter(files.read, self.harvest.usage.online_cgroups, "cpu")
-        io_pressure = PressureMeter(files.read, self.harvest.usage.online_cgroups, "io")
+        cpu_pressure = PressureMeter(files.read, self.harvest.usage.online_cgroups, "cpu", files=files)
+        io_pressure = PressureMeter(files.read, self.harvest.usage.online_cgroups, "io", files=files)
         cpu_every = max(1, round(WINDOW_S / self.harvest.config.guard_interval))  # intervals per cpu pressure sample
         io_every = max(1, round(io_throttle.WINDOW_S / self.harvest.config.guard_interval))
         history: List[tuple] = []

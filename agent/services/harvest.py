@@ -19,7 +19,7 @@ from agent.lending import OFFLINE, NodeLending
 from agent.qrm.policy import State, _layout
 from agent.reporter.capacity import MEMORY_STEP, MIB, Capacity, CapacityEstimator, HourlyHistory
 from agent.reporter.headroom import ReclaimSizer
-from agent.reporter.pressure import PressureMeter
+from agent.reporter.pressure import PressureFiles, PressureMeter
 from agent.isolation.cgroups.desired import RECLAIMED_HIGH_SHARE
 from agent.isolation.cgroups.driver import cpu_times_ns
 from agent.qrm.model import LOCAL, QoS
@@ -63,15 +63,26 @@ class Harvest:
         self._saved_hour = None
         # online's memory stall share (PSI), every period: a cause of eviction (services.eviction), and the
         # throttle's way back; the fast guard has its own meter, for the throttle's cut
-        self.memory_pressure = PressureMeter(self.driver.pressure, self.usage.online_cgroups, "memory")
+        # read from files kept open (pread: a third of an open, read and close), and only where the node's
+        # own stall total moved since the last sample (PressureMeter's gate), or its avg10 is 10 s old
+        locate = getattr(self.driver, "membership_dir", None)
+        files = self.pressure_files = PressureFiles(locate) if locate is not None else None
+
+        def meter(resource: str) -> PressureMeter:
+            if files is None:  # a driver without cgroup2 directories (a test's fake) reads its own way
+                return PressureMeter(self.driver.pressure, self.usage.online_cgroups, resource)
+            return PressureMeter(files.read, self.usage.online_cgroups, resource, files=files, refresh_s=10.0,
+                                 gate=lambda: files.node_total(resource))
+
+        self.memory_pressure = meter("memory")
         self.throttle = MemoryThrottle(getattr(config, "memory_pressure_threshold", 0.0))
         # online's cpu stall share: the fast guard takes lent cpus back on it, the period holds lending
         # (services.cpu_pressure)
-        self.cpu_pressure = PressureMeter(self.driver.pressure, self.usage.online_cgroups, "cpu")
+        self.cpu_pressure = meter("cpu")
         self.cpu_loop = CpuPressureLoop(getattr(config, "cpu_pressure_threshold", 0.0))
         # online's io stall share: the fast guard limits offline's block io on it, the period lifts the
         # limits slowly (services.io_guard); on v1, or with no io controller, it is shown only
-        self.io_pressure = PressureMeter(self.driver.pressure, self.usage.online_cgroups, "io")
+        self.io_pressure = meter("io")
         # reclaimed workloads that run in the kernel: off online's idle cpus (services.kernel_work)
         self.kernel_work = KernelWork()
         self.io_guard = IoGuard(self.driver, self.usage.io_cgroups, getattr(config, "io_pressure_threshold", 0.0),

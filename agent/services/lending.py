@@ -37,13 +37,21 @@ class Lending:
         self.harvest = harvest
         self.enforcement = enforcement
         self.online_policy = online_policy
+        self._counted: tuple = (None, 0, 0)  # (state, online, reclaimed): a state is never changed in place
+
+    def _split(self, state) -> tuple:
+        online = [a for a in state.allocations if a.qos in (QoS.DEDICATED, QoS.SHARED)]
+        return online, [a for a in state.allocations if a.qos is QoS.RECLAIMED]
 
     def advance(self, epoch: float) -> None:
         state = self.owner.state
-        online = [a for a in state.allocations if a.qos in (QoS.DEDICATED, QoS.SHARED)]
-        reclaimed = [a for a in state.allocations if a.qos is QoS.RECLAIMED]
+        if self._counted[0] is not state:  # counted again only when the state changed (every period otherwise)
+            online, reclaimed = self._split(state)
+            self._counted = (state, len(online), len(reclaimed))
         before = self.node.current
-        action = self.node.advance(epoch, len(online), len(reclaimed), self.online_policy)
+        action = self.node.advance(epoch, self._counted[1], self._counted[2], self.online_policy)
+        if action in ("evict-online", "evict-reclaimed"):
+            online, reclaimed = self._split(state)
         if action == "evict-online":
             for alloc in online:
                 self.eviction.evict(alloc, "the node is being lent and the notice ended", epoch, cause="lending")

@@ -1,6 +1,7 @@
 """Memory: eviction on the watermark and on online memory pressure (by tier, the largest first), the
 PSI meter, the protection and throttling knobs of the desired tree, the size option."""
 
+import os
 import subprocess
 import sys
 
@@ -286,3 +287,51 @@ def test_pressure_files_stay_open_and_reopen_after_a_failure(tmp_path):
     files.close()
     assert files.read("cg", "memory")["some"]["total"] == 250  # opened afresh
     files.close()
+
+
+def test_the_kept_files_of_a_cgroup_no_longer_online_are_closed(tmp_path):
+    """An online pod's pressure files, kept open by the guard and the period, are closed once the pod is
+    no longer among the online cgroups: kept, they would stay open for the agent's life, three per pod
+    it ever saw (a node's churn of pods ran it out of descriptors)."""
+    from agent.reporter.pressure import PressureFiles
+
+    for name in ("shared", "pod-a", "pod-b"):
+        (tmp_path / name).mkdir()
+        for resource in ("memory", "cpu"):
+            (tmp_path / name / f"{resource}.pressure").write_text("some avg10=0.00 total=5\n")
+    files = PressureFiles(lambda path: str(tmp_path / path))
+    online = {"paths": ["shared", "pod-a"]}
+    meters = [PressureMeter(files.read, lambda: online["paths"], resource, files=files) for resource in ("memory", "cpu")]
+    for meter in meters:
+        meter.sample(1.0)
+    assert sorted(files._fds) == [("pod-a", "cpu"), ("pod-a", "memory"), ("shared", "cpu"), ("shared", "memory")]
+    online["paths"] = ["shared", "pod-b"]  # pod-a deleted, pod-b started: a new list, as online_cgroups makes
+    for meter in meters:
+        meter.sample(2.0)
+    assert sorted(files._fds) == [("pod-b", "cpu"), ("pod-b", "memory"), ("shared", "cpu"), ("shared", "memory")]
+    open_fds = len(os.listdir("/proc/self/fd"))
+    for step in range(50):  # churn: each pod seen once, then gone
+        online["paths"] = ["shared", f"pod-{step}"]
+        (tmp_path / f"pod-{step}").mkdir()
+        (tmp_path / f"pod-{step}" / "memory.pressure").write_text("some avg10=0.00 total=5\n")
+        meters[0].sample(3.0 + step)
+    assert len(os.listdir("/proc/self/fd")) <= open_fds
+    files.close()
+
+
+def test_a_gated_meter_reads_its_cgroups_again_once_its_figures_are_refresh_s_old():
+    totals = {"tidal/shared": 0.0}
+    reads = []
+
+    def read(path, resource):
+        reads.append(path)
+        return {"some": {"avg10": 2.0, "total": totals[path]}}
+
+    meter = PressureMeter(read, lambda: ["tidal/shared"], "cpu", gate=lambda: 7.0, refresh_s=10.0)
+    meter.sample(0.0)
+    assert len(reads) == 1
+    for now in (1.0, 5.0, 9.9):  # the node stalled nowhere: nothing read
+        assert meter.sample(now) == 0.0
+    assert len(reads) == 1
+    assert meter.sample(10.0) == 0.0 and len(reads) == 2  # 10 s since the last read: read, avg10 fresh
+    assert meter.sample(12.0) == 0.0 and len(reads) == 2
