@@ -15,7 +15,7 @@ What is done with the figures (the reclaim pool's size, the capacity, its public
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Optional
 
 from agent.isolation.cgroups.desired import HELPERS
 from agent.isolation.cgroups.driver import procs_in_tree
@@ -58,6 +58,7 @@ class Usage:
         self.aggregates = [f"{base}/{tree}" for tree in TREES]
         # the pool aggregates are read every period: through files kept open (see usage_reader)
         self._aggregate_readers = {p: self.driver.usage_reader(p) for p in self.aggregates}
+        self._workload_readers: Dict[str, Callable[[], Optional[int]]] = {}  # kept open until forgotten
         self._percpu_readers = [self.driver.percpu_reader(f"{base}/{tree}") for tree in NOT_ONLINE]
         # cgroups outside Tidal's tree whose use is offline, read from the hierarchies' roots
         self.offline_cgroups = tuple(p.strip("/") for p in getattr(config, "offline_cgroups", ()) or ())
@@ -122,8 +123,12 @@ class Usage:
         self.sampler = UsageSampler(self._cpu_usage_ns, cpu_ids=self.owner.topology.online_cpus())
 
     def _cpu_usage_ns(self, path: str) -> Optional[int]:
-        reader = self._aggregate_readers.get(path)
-        return reader() if reader is not None else self.driver.cpu_usage_ns(path)
+        """The pools' aggregates and the workloads' cgroups, each through a file kept open (a workload's
+        closed by ``forget`` once it is gone: every watch period)."""
+        reader = self._aggregate_readers.get(path) or self._workload_readers.get(path)
+        if reader is None:
+            reader = self._workload_readers[path] = self.driver.usage_reader(path)
+        return reader()
 
     def sample(self, now: float, workload_paths):
         """One usage sample, the cpu figures brought up to date from it (the memory figures: ``memory``);
@@ -146,6 +151,10 @@ class Usage:
     def forget(self, live_paths) -> None:
         live = set(self.aggregates) | set(live_paths)
         self.sampler.forget(live)
+        for path in [p for p in self._workload_readers if p not in live]:
+            close = getattr(self._workload_readers.pop(path), "close", None)
+            if close is not None:
+                close()
         self.by_cgroup = {p: v for p, v in self.by_cgroup.items() if p in live}
 
     def _offline_counters(self) -> Dict[str, Optional[int]]:

@@ -1,6 +1,8 @@
 """cgroup isolation without touching the host: knob table, detection, desired tree,
 reconciler ordering on a recording driver, v2 files on a fake unified tree, recovery."""
 
+import os
+
 import pytest
 
 from agent.isolation.cgroups.desired import CgroupOptions, CgroupSpec, desired_tree
@@ -622,3 +624,35 @@ def test_a_removal_the_kernel_refuses_is_pending_then_retried_every_pass_and_a_f
     assert "for 11 s" in late.failed[0][2]
     # revert says so at once: the tree goes now or not at all
     assert [p for p, _, _ in rec.revert().failed if p == "tidal/reclaimed/low/stuck"] == ["tidal/reclaimed/low/stuck"]
+
+
+def test_a_workloads_usage_is_read_through_a_file_kept_open_and_closed_once_it_is_gone(tmp_path):
+    """Each workload's ``cpu.stat`` is read every usage period: through a file kept open (a pread, not an
+    open, read and close), closed when the workload is forgotten, so that a node's churn of workloads does
+    not accumulate descriptors."""
+    from types import SimpleNamespace
+
+    from agent.services.usage import Usage
+
+    cg, driver = _fake_v2_tree(tmp_path)
+    for name in ("a", "b"):
+        (cg / "tidal/shared" / name).mkdir(parents=True)
+        (cg / "tidal/shared" / name / "cpu.stat").write_text("usage_usec 1500\nuser_usec 1000\n")
+    owner = SimpleNamespace(topology=SimpleNamespace(online_cpus=lambda: [0]))
+    usage = Usage(owner, SimpleNamespace(driver=driver, base="tidal"), SimpleNamespace())
+    usage.start()
+
+    def fds():
+        return {os.readlink(f"/proc/self/fd/{fd}") for fd in os.listdir("/proc/self/fd")
+                if os.path.exists(f"/proc/self/fd/{fd}")}
+
+    assert usage._cpu_usage_ns("tidal/shared/a") == 1_500_000
+    assert usage._cpu_usage_ns("tidal/shared/b") == 1_500_000
+    kept = {str(cg / f"tidal/shared/{name}/cpu.stat") for name in ("a", "b")}
+    assert kept <= fds()
+    (cg / "tidal/shared/a/cpu.stat").write_text("usage_usec 2500\n")  # the same file, new content
+    assert usage._cpu_usage_ns("tidal/shared/a") == 2_500_000
+    usage.forget(["tidal/shared/b"])  # a is gone
+    assert str(cg / "tidal/shared/a/cpu.stat") not in fds() and str(cg / "tidal/shared/b/cpu.stat") in fds()
+    usage.forget([])
+    assert not kept & fds()

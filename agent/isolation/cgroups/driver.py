@@ -525,9 +525,15 @@ class KernelCgroups:
         """A function returning a cgroup file's text, read through a file kept open:
         opening a cgroup file costs ~10x a pread of it, and the agent reads a few
         of them every period and the fast guard 20 times a second. A cgroup
-        removed (and maybe made again) is reopened once; gone, it reads ``None``."""
+        removed (and maybe made again) is reopened once; gone, it reads ``None``. Its ``close()``
+        closes the file (the next read opens it again)."""
         target = os.path.join(self._dir(controller, path), file)
         state = {"fd": None}
+
+        def close() -> None:
+            if state["fd"] is not None:
+                os.close(state["fd"])
+                state["fd"] = None
 
         def read() -> Optional[str]:
             for _ in range(2):
@@ -539,19 +545,28 @@ class KernelCgroups:
                 try:
                     return os.pread(state["fd"], 65536, 0).decode()
                 except OSError:
-                    os.close(state["fd"])
-                    state["fd"] = None
+                    close()
             return None
 
+        read.close = close  # type: ignore[attr-defined]
         return read
 
     def usage_reader(self, path: str):
-        """A function returning the cgroup's cumulative cpu ns (see ``file_reader``)."""
+        """A function returning the cgroup's cumulative cpu ns (see ``file_reader``; ``close()`` too)."""
         if self.version == 1:
             if "cpuacct" not in self.bases:
-                return lambda: None
+                def nothing() -> Optional[int]:
+                    return None
+
+                nothing.close = lambda: None  # type: ignore[attr-defined]
+                return nothing
             read = self.file_reader("cpuacct", path, "cpuacct.usage")
-            return lambda: _int_or_none(read())
+
+            def usage_v1() -> Optional[int]:
+                return _int_or_none(read())
+
+            usage_v1.close = read.close  # type: ignore[attr-defined]
+            return usage_v1
         read = self.file_reader("", path, "cpu.stat")
 
         def usage() -> Optional[int]:
@@ -561,6 +576,7 @@ class KernelCgroups:
                     return int(value) * 1000
             return None
 
+        usage.close = read.close  # type: ignore[attr-defined]
         return usage
 
     def percpu_reader(self, path: str):
