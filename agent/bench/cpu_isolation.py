@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -451,6 +452,7 @@ def run(duration: float = 2.0, repeats: int = 10, period_ms: float = 5.0, work_u
                 if agent.host_units is not None:
                     agent.host_units.release()
                 agent.enforcement.reconciler.revert()
+                shutil.rmtree(state_dir, ignore_errors=True)
                 raise
         # the probe asks what it needs (a fifth of a cpu); offline asks all the capacity the agent reports
         agent.admit({"name": "probe", "qos": "shared_cores", "millicpu": 200})
@@ -478,6 +480,7 @@ def run(duration: float = 2.0, repeats: int = 10, period_ms: float = 5.0, work_u
             if agent.host_units is not None:
                 agent.host_units.release()  # the slice's own cpus back, its saved value removed
             agent.enforcement.reconciler.revert()  # moves this process back to the parent cgroup too
+            shutil.rmtree(state_dir, ignore_errors=True)  # the agent's state and socket: nothing left behind
 
         return cleanup
 

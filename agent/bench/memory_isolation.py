@@ -46,6 +46,7 @@ from __future__ import annotations
 import json
 import mmap
 import os
+import shutil
 import random
 import resource
 import signal
@@ -445,6 +446,7 @@ def run(box_mib: int = 512, online_anon_mib: int = 64, online_file_mib: int = 64
             thread.join()
             agent.shutdown()
             agent.enforcement.reconciler.revert()
+            shutil.rmtree(state_dir, ignore_errors=True)  # the agent's state and socket: nothing left behind
 
         # the offline job asks for 100 millicpu: on a host whose cpus are busy (the run before this one
         # still winding down) the capacity may have no room for seconds, and a short round would measure
@@ -458,7 +460,7 @@ def run(box_mib: int = 512, online_anon_mib: int = 64, online_file_mib: int = 64
                                  "millicpu): this host's cpus are busy")
             time.sleep(config.period)
         base = config.cgroup_base
-        info = {"agent": agent, "state_dir": state_dir}
+        info = {"agent": agent}
         return place, (lambda: agent.driver.memory_usage_bytes(f"{base}/reclaimed")), evicted, cleanup, info
 
     def one(name: str, setup, offline_anon: int) -> Dict[str, Any]:

@@ -12,6 +12,7 @@ afterwards (the agent runs with ``--revert``).
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -113,3 +114,5 @@ def run(workloads: int = 200, seconds: float = 30.0, warmup: float = 5.0, extra=
                 agent.wait(timeout=60)
             except subprocess.TimeoutExpired:
                 agent.kill()
+                agent.wait()
+        shutil.rmtree(directory, ignore_errors=True)  # the agent's state and socket: nothing left behind

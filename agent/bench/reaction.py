@@ -17,6 +17,7 @@ immediate, whatever the window).
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -106,6 +107,7 @@ def run(steps: int = 10, hold_s: float = 1.0, timeout_s: float = 5.0) -> Dict[st
             proc.kill()
             proc.wait()
         agent.enforcement.reconciler.revert()
+        shutil.rmtree(state_dir, ignore_errors=True)  # the agent's state and socket: nothing left behind
     return {"cgroup_version": agent.driver.version, "kernel": os.uname().release,
             "p50_ms": round(median(reactions), 1), "p99_ms": round(percentile(reactions, 99), 1),
             "max_ms": round(max(reactions), 1), "steps": len(reactions), "period_s": config.period,

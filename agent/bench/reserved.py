@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -111,6 +112,7 @@ def run(duration: float = 3.0, repeats: int = 4, period_ms: float = 5.0, work_us
             agent.shutdown()
             agent.enforcement.reconciler.revert()
         bench_tree.revert()
+        shutil.rmtree(state_dir, ignore_errors=True)  # the agent's state and socket: nothing left behind
 
     def summary(rounds: List[Dict[str, Any]]) -> Dict[str, Any]:
         probe = [x for r in rounds for x in r["probe_us"]]

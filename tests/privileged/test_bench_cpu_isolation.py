@@ -21,10 +21,12 @@ def _cgroups_named(prefix: str):
     return {d for d, _, _ in os.walk("/sys/fs/cgroup") if os.path.basename(d).startswith(prefix)}
 
 
-def test_the_treatments_asked_for_with_the_probes_wait():
+def test_the_treatments_asked_for_with_the_probes_wait(tmp_path):
     before = _cgroups_named("tidal-bench-")
+    # TMPDIR: where the agent of each tidal round keeps its state and socket, to find what it leaves there
     proc = subprocess.run(TIDAL + ["bench", "cpu-isolation", "--treatments", "none,tidal", "--repeats", "2",
-                                   "--duration", "0.5"], capture_output=True, text=True, timeout=300)
+                                   "--duration", "0.5"], capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, TMPDIR=str(tmp_path)))
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
     rows = report["scenarios"]
@@ -34,6 +36,7 @@ def test_the_treatments_asked_for_with_the_probes_wait():
     # beside hogs of the same priority the probe queues for its cpu; Tidal's hogs at cpu.idle give way at once
     assert rows["tidal"]["wait_us"] < rows["none"]["wait_us"], rows
     assert _cgroups_named("tidal-bench-") == before
+    assert os.listdir(tmp_path) == []  # nor their state directories
 
 
 @pytest.mark.parametrize("args, says", [

@@ -36,7 +36,10 @@ def test_tmpfs_is_refused_with_one_clear_line():
         memory_isolation.run(directory="/dev/shm", duration=1, repeats=1)
 
 
-def test_one_short_round_of_an_outgrowing_job():
+def test_one_short_round_of_an_outgrowing_job(tmp_path, monkeypatch):
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where the agent's state directory goes
     directory = disk_directory()
     before = set(glob.glob(os.path.join(directory, "tidal-bench-mem-*")))
     # the job wants 1.2x what online leaves: the plain treatments meet the box's (or the job's) limit
@@ -66,4 +69,5 @@ def test_one_short_round_of_an_outgrowing_job():
         assert [v for path, v in tidal["protection"][0].items() if path.endswith("/shared")][0] > 0
         assert tidal["online_memory_low"] == ["max"]
     assert set(glob.glob(os.path.join(directory, "tidal-bench-mem-*"))) == before
+    assert os.listdir(tmp_path) == []  # nor the agent's state directory
     assert not glob.glob("/sys/fs/cgroup/**/tidal-bench-mem-*", recursive=True)

@@ -3,6 +3,7 @@ agent's steady state and says so, and its figures are the agent's own (a benchma
 target here; docs/benchmarks has them)."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -13,9 +14,10 @@ from tests.conftest import privileged
 pytestmark = [pytest.mark.privileged, privileged]
 
 
-def test_bench_overhead_measures_a_settled_agent_and_cleans_up():
+def test_bench_overhead_measures_a_settled_agent_and_cleans_up(tmp_path):
+    # TMPDIR: where the bench's agent keeps its state and socket, to find what it leaves there
     proc = subprocess.run([sys.executable, "-m", "agent.cli", "bench", "overhead", "--workloads", "8", "--seconds", "5"],
-                          capture_output=True, text=True, timeout=600)
+                          capture_output=True, text=True, timeout=600, env=dict(os.environ, TMPDIR=str(tmp_path)))
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout)
     print(result)
@@ -26,3 +28,4 @@ def test_bench_overhead_measures_a_settled_agent_and_cleans_up():
     leftovers = subprocess.run(["find", "/sys/fs/cgroup", "-type", "d", "-name", "tidal-bench-*"],
                                capture_output=True, text=True)
     assert leftovers.stdout == ""
+    assert os.listdir(tmp_path) == []  # nor its state directory

@@ -18,9 +18,12 @@ def _cgroups_named(prefix: str):
     return found
 
 
-def test_one_short_round_of_each_treatment_and_nothing_left():
+def test_one_short_round_of_each_treatment_and_nothing_left(tmp_path, monkeypatch):
+    import tempfile
+
     from agent.bench.reserved import run
 
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where the agent's state directory goes
     before = set(_cgroups_named("tidal-bench-"))
     report = run(duration=0.5, repeats=1)
     rows = report["treatments"]
@@ -32,3 +35,4 @@ def test_one_short_round_of_each_treatment_and_nothing_left():
         assert rows[name]["daemon_p99_ratio"] == pytest.approx(rows[name]["daemon_p99_us"] /
                                                                rows["alone"]["daemon_p99_us"], rel=1e-2)
     assert set(_cgroups_named("tidal-bench-")) == before
+    assert os.listdir(tmp_path) == []  # nor the agent's state directory
