@@ -46,9 +46,9 @@ from __future__ import annotations
 import json
 import mmap
 import os
-import shutil
 import random
 import resource
+import shutil
 import signal
 import subprocess
 import sys
