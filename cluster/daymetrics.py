@@ -27,48 +27,32 @@ hide every new replica for tens of day minutes.
 
 from __future__ import annotations
 
-import json
 import ssl
 import threading
 import time
 from datetime import datetime, timezone
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Dict, Optional, Sequence, Tuple
-from urllib.parse import parse_qs, urlsplit
+from typing import Any, Dict, List, Optional, Sequence
 
-GROUP, VERSION = "metrics.k8s.io", "v1beta1"
-APISERVICE = f"{VERSION}.{GROUP}"
+from cluster.metricsapi import APISERVICE, GROUP, VERSION, ResourceMetricsAPI, matches, parse_selector  # noqa: F401
+
 SERVICE = "tidal-day-metrics"
-PREFIX = f"/apis/{GROUP}/{VERSION}"
 WINDOW = "1ms"
 DAY = 24 * 60
 
 
-def parse_selector(text: str) -> Dict[str, str]:
-    """``k=v,k2==v2`` (what an HPA sends for a Deployment's matchLabels); anything else is refused."""
-    out: Dict[str, str] = {}
-    for part in filter(None, (p.strip() for p in text.split(","))):
-        key, sep, value = part.replace("==", "=").partition("=")
-        if not sep or not key or "!" in key or " " in key:
-            raise ValueError(f"label selector {text!r}: only key=value terms are served")
-        out[key] = value
-    return out
-
-
-class DayMetrics:
+class DayMetrics(ResourceMetricsAPI):
     """``update(pods, demand)`` each day minute; ``start(cert, key)`` serves; ``register(rest)`` makes the API
     server route ``metrics.k8s.io`` here."""
 
     def __init__(self, namespace: str, labels: Dict[str, str], container: str = "web",
                  fallback: bool = True) -> None:
-        self.namespace, self.labels, self.container, self.fallback = namespace, dict(labels), container, fallback
+        super().__init__()
         self._lock = threading.Lock()
+        self.namespace, self.labels, self.container, self.fallback = namespace, dict(labels), container, fallback
         self._use: Dict[str, int] = {}  # pod -> millicpu
         self._seen: Dict[int, float] = {}  # day minute -> the demand shown (or remembered)
-        self.requests = 0  # lists served (the HPA reads once per sync)
         self.fallback_minutes = 0  # minutes yesterday's figure stood in
         self.missing_minutes = 0  # minutes nothing was shown
-        self._server: Optional[ThreadingHTTPServer] = None
 
     def remember(self, minute: int, demand_cores: float) -> None:
         """What the demand was at day minute ``minute`` (negative: before today), for a later minute's
@@ -95,84 +79,23 @@ class DayMetrics:
             self._use = {name: share for name in pods}
         return float(demand_cores)
 
-    def pod_metrics(self, selector: Dict[str, str], name: Optional[str] = None) -> Dict[str, Any]:
-        if any(self.labels.get(k) != v for k, v in selector.items()):
-            return {"kind": "PodMetricsList", "apiVersion": f"{GROUP}/{VERSION}", "metadata": {}, "items": []}
+    def pod_items(self, namespace: Optional[str], selector: Dict[str, str],
+                  name: Optional[str] = None) -> List[Dict[str, Any]]:
+        if (namespace is not None and namespace != self.namespace) or not matches(self.labels, selector):
+            return []
         now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
         with self._lock:
             use = dict(self._use)
-        items = [{"metadata": {"name": pod, "namespace": self.namespace, "labels": self.labels}, "timestamp": now,
-                  "window": WINDOW, "containers": [{"name": self.container,
-                                                    "usage": {"cpu": f"{milli}m", "memory": "64Mi"}}]}
-                 for pod, milli in sorted(use.items()) if name is None or pod == name]
-        if name is not None:
-            return dict(items[0], kind="PodMetrics", apiVersion=f"{GROUP}/{VERSION}") if items else {}
-        return {"kind": "PodMetricsList", "apiVersion": f"{GROUP}/{VERSION}", "metadata": {}, "items": items}
-
-    def answer(self, method: str, target: str) -> Tuple[int, Dict[str, Any]]:
-        """(status, body) for one request: discovery, the pods' metrics (a namespace's, all, one), nodes (none)."""
-        if method != "GET":
-            return 405, _status(405, f"{method} is not served")
-        url = urlsplit(target)
-        path = url.path.rstrip("/")
-        if path in ("/openapi/v2", "/openapi/v3"):  # the aggregator merges each server's schema
-            return 200, {"swagger": "2.0", "info": {"title": SERVICE, "version": VERSION}, "paths": {}} \
-                if path.endswith("v2") else {"paths": {}}
-        if path == PREFIX:
-            return 200, {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": f"{GROUP}/{VERSION}",
-                         "resources": [{"name": "pods", "singularName": "", "namespaced": True, "kind": "PodMetrics",
-                                        "verbs": ["get", "list"]},
-                                       {"name": "nodes", "singularName": "", "namespaced": False,
-                                        "kind": "NodeMetrics", "verbs": ["get", "list"]}]}
-        try:
-            selector = parse_selector((parse_qs(url.query).get("labelSelector") or [""])[0])
-        except ValueError as exc:
-            return 400, _status(400, str(exc))
-        parts = path[len(PREFIX):].strip("/").split("/") if path.startswith(PREFIX + "/") else []
-        if parts == ["nodes"]:
-            return 200, {"kind": "NodeMetricsList", "apiVersion": f"{GROUP}/{VERSION}", "metadata": {}, "items": []}
-        if parts == ["pods"] or (len(parts) == 3 and parts[0] == "namespaces" and parts[2] == "pods"):
-            if len(parts) == 3 and parts[1] != self.namespace:
-                return 200, {"kind": "PodMetricsList", "apiVersion": f"{GROUP}/{VERSION}", "metadata": {},
-                             "items": []}
-            with self._lock:
-                self.requests += 1
-            return 200, self.pod_metrics(selector)
-        if len(parts) == 4 and parts[0] == "namespaces" and parts[2] == "pods":
-            found = self.pod_metrics({}, parts[3]) if parts[1] == self.namespace else {}
-            return (200, found) if found else (404, _status(404, f"podmetrics {parts[3]!r} not found"))
-        return 404, _status(404, f"{url.path} is not served here")
+        return [{"metadata": {"name": pod, "namespace": self.namespace, "labels": self.labels}, "timestamp": now,
+                 "window": WINDOW, "containers": [{"name": self.container,
+                                                   "usage": {"cpu": f"{milli}m", "memory": "64Mi"}}]}
+                for pod, milli in sorted(use.items()) if name is None or pod == name]
 
     def start(self, cert: str, key: str, host: str = "127.0.0.1") -> int:
         """Serves HTTPS on a free port of ``host`` (returned), in a thread."""
-        metrics = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 - http.server's name
-                status, body = metrics.answer("GET", self.path)
-                data = json.dumps(body).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.load_cert_chain(cert, key)
-        self._server = ThreadingHTTPServer((host, 0), Handler)
-        self._server.daemon_threads = True
-        self._server.socket = context.wrap_socket(self._server.socket, server_side=True)
-        threading.Thread(target=self._server.serve_forever, name="day-metrics", daemon=True).start()
-        return self._server.server_address[1]
-
-    def stop(self) -> None:
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            self._server = None
+        return self.serve(context, host)
 
     def register(self, rest, port: int, timeout: float = 60.0) -> None:
         """The Service (ExternalName ``localhost``) and the ``APIService``; returns once the aggregator
@@ -198,10 +121,6 @@ class DayMetrics:
     def unregister(self, rest) -> None:
         rest.json("DELETE", f"/apis/apiregistration.k8s.io/v1/apiservices/{APISERVICE}", ok=(200, 202, 404))
         rest.json("DELETE", f"/api/v1/namespaces/{self.namespace}/services/{SERVICE}", ok=(200, 202, 404))
-
-
-def _status(code: int, message: str) -> Dict[str, Any]:
-    return {"kind": "Status", "apiVersion": "v1", "status": "Failure", "message": message, "code": code}
 
 
 def hpa(namespace: str, target: str, target_utilization: float, max_replicas: int, down_window_s: int,

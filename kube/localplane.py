@@ -82,11 +82,13 @@ class ControlPlane:
     443, so the ``kubernetes`` Service's ClusterIP is the server itself and pods reach it with the
     in-cluster configuration and no kube-proxy. ``service_accounts``: the ServiceAccount admission
     plugin (pods get their token volume; needs kube-controller-manager to make the default
-    accounts), which the tier without a kubelet leaves off."""
+    accounts), which the tier without a kubelet leaves off. ``apiserver_flags``: more of kube-apiserver's
+    flags."""
 
     def __init__(self, bin_dir: str, address: str = "127.0.0.1", port: Optional[int] = None,
                  service_cidr: str = "10.0.0.0/24", service_accounts: bool = False, json_storage: bool = True,
-                 advertise: Optional[str] = None) -> None:
+                 advertise: Optional[str] = None, apiserver_flags: Sequence[str] = ()) -> None:
+        self.apiserver_flags = tuple(apiserver_flags)
         self.bin = bin_dir
         self.dir = tempfile.mkdtemp(prefix="tidal-k8s-")
         self.procs: Dict[str, subprocess.Popen] = {}
@@ -135,8 +137,31 @@ class ControlPlane:
         self.start_apiserver()
         return self
 
+    def front_proxy_certs(self) -> List[str]:
+        """The aggregation layer's front proxy, as kubeadm sets it up: a CA and the API server's client
+        certificate (``front-proxy-client``) it presents to aggregated API servers (``tidal cluster
+        metrics`` requires it), made once with openssl; the API server's flags for them."""
+        d = f"{self.dir}/front-proxy"
+        if not os.path.exists(f"{d}/client.crt"):
+            os.makedirs(d, exist_ok=True)
+
+            def run(*argv: str) -> None:
+                subprocess.run(list(argv), check=True, capture_output=True, cwd=d)
+
+            run("openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj",
+                "/CN=front-proxy-ca", "-keyout", "ca.key", "-out", "ca.crt")
+            run("openssl", "req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=front-proxy-client", "-keyout",
+                "client.key", "-out", "client.csr")
+            run("openssl", "x509", "-req", "-in", "client.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
+                "-days", "2", "-out", "client.crt")
+        return [f"--requestheader-client-ca-file={d}/ca.crt", "--requestheader-allowed-names=front-proxy-client",
+                "--requestheader-username-headers=X-Remote-User", "--requestheader-group-headers=X-Remote-Group",
+                "--requestheader-extra-headers-prefix=X-Remote-Extra-", f"--proxy-client-cert-file={d}/client.crt",
+                f"--proxy-client-key-file={d}/client.key"]
+
     def start_apiserver(self) -> None:
         d = self.dir
+        front_proxy = self.front_proxy_certs()
         api = self._spawn("kube-apiserver", [
             f"{self.bin}/kube-apiserver", f"--etcd-servers=http://127.0.0.1:{self.etcd_port}",
             f"--secure-port={self.api_port}", f"--bind-address={self.address}", f"--advertise-address={self.advertise}",
@@ -145,7 +170,7 @@ class ControlPlane:
             f"--service-account-signing-key-file={d}/sa.key", f"--service-cluster-ip-range={self.service_cidr}",
             "--disable-admission-plugins=" + ("TaintNodesByCondition" if self.service_accounts
                                               else "ServiceAccount,TaintNodesByCondition"), "--enable-priority-and-fairness=false",
-            *(["--storage-media-type=application/json"] if self.json_storage else []), "--v=0"])
+            *(["--storage-media-type=application/json"] if self.json_storage else []), *front_proxy, *self.apiserver_flags, "--v=0"])
         import urllib.request
         import ssl
 
@@ -264,14 +289,15 @@ current-context: e2e
 
 
 def install_manifests(api, *manifests: str) -> None:
-    """Tidal's CRDs (NodeResourceTopology, TidalPolicy; waited for until established), then each of
+    """Tidal's CRDs (NodeResourceTopology, TidalPolicy, NodeUsage; waited for until established), then each of
     ``deploy/<manifest>``, as a user applies them."""
     import yaml
     from kubernetes import client, utils
 
     ext = client.ApiextensionsV1Api(api)
     for path, name in (("deploy/crd-noderesourcetopology.yaml", "noderesourcetopologies.topology.node.k8s.io"),
-                       ("deploy/crd-tidalpolicy.yaml", "tidalpolicies.tidal.io")):
+                       ("deploy/crd-tidalpolicy.yaml", "tidalpolicies.tidal.io"),
+                       ("deploy/crd-nodeusage.yaml", "nodeusages.tidal.io")):
         with open(path) as handle:
             utils.create_from_dict(api, yaml.safe_load(handle))
         wait_for(lambda n=name: any(c.type == "Established" and c.status == "True" for c in

@@ -29,6 +29,11 @@ done
     > "$out/agent-daemonset.yaml"
 { note "templates/extender.yaml"; strip "$rendered/templates/extender.yaml" | sed '1{/^---$/d}'; } > "$out/extender.yaml"
 { note "templates/scheduler.yaml"; strip "$rendered/templates/scheduler.yaml" | sed '1{/^---$/d}'; } > "$out/scheduler.yaml"
+# the metrics API is off by default (a cluster runs it or metrics-server): its manifest rendered with it on
+"$helm" template tidal deploy/helm/tidal --namespace tidal-system --set metrics.enabled=true \
+    --show-only templates/metrics.yaml > "$work/metrics.yaml"
+{ note "templates/metrics.yaml (metrics.enabled=true)"; strip "$work/metrics.yaml" | sed '1{/^---$/d}'; } \
+    > "$out/metrics.yaml"
 { note "templates/monitoring.yaml"; strip "$rendered/templates/monitoring.yaml" | sed '1{/^---$/d}'; } \
     > "$out/monitoring/prometheus-rule.yaml"
 echo "rendered deploy/ from the chart into $out"

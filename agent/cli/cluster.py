@@ -174,6 +174,76 @@ def cluster_scheduler(kubeconfig, scheduler_name: str, policy: str, shards: int,
         raise TidalError("leader election lost: another replica may be scheduling; exiting")
 
 
+@cluster.command("metrics")
+@KUBECONFIG_OPTION
+@click.option("--port", default=8443, show_default=True, type=click.IntRange(1, 65535))
+@click.option("--address", default="0.0.0.0", show_default=True, help="Listen address.")
+@click.option("--tls-cert", required=True, type=click.Path(dir_okay=False), help="Serve HTTPS with this certificate.")
+@click.option("--tls-key", required=True, type=click.Path(dir_okay=False), help="The certificate's key.")
+@click.option("--client-ca", default=None, type=click.Path(dir_okay=False),
+              help="Require client certificates signed by this CA [default: the API server's front-proxy CA, "
+                   "from the kube-system/extension-apiserver-authentication ConfigMap].")
+@click.option("--insecure", is_flag=True,
+              help="Serve callers without a client certificate when the API server publishes no front-proxy CA "
+                   "(anyone who reaches the port reads every pod's use).")
+@click.option("--stale-after", default=60.0, show_default=True, type=FiniteRange(1, 86400),
+              help="Seconds after which a node's NodeUsage report is not served (its pods' metrics missing).")
+def cluster_metrics(kubeconfig, port: int, address: str, tls_cert: str, tls_key: str, client_ca, insecure: bool,
+                    stale_after: float) -> None:
+    """Serve the resource metrics API (metrics.k8s.io: the HPA, kubectl top) from the agents' NodeUsage reports,
+    in place of metrics-server."""
+    import signal
+    import threading
+
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    from cluster.podmetrics import TidalMetrics, front_proxy, name_check, tls_context
+    from contracts import nodeusage
+
+    api = kube_client(kubeconfig)
+    allowed = []
+    if client_ca:
+        try:
+            with open(client_ca) as handle:
+                ca_pem = handle.read()
+        except OSError as exc:
+            raise TidalError(f"--client-ca {client_ca}: {exc.strerror}") from None
+    else:
+        try:
+            ca_pem, allowed = front_proxy(client.CoreV1Api(api))
+        except ApiException as exc:
+            raise TidalError(f"cannot read the API server's front-proxy CA (kube-system/extension-apiserver-"
+                             f"authentication): {exc.status} {exc.reason}; give --client-ca") from None
+        if ca_pem is None and not insecure:
+            raise TidalError("the API server publishes no front-proxy CA (--requestheader-client-ca-file): give "
+                             "--client-ca, or --insecure to serve any caller")
+    try:
+        client.CustomObjectsApi(api).list_cluster_custom_object(nodeusage.GROUP, nodeusage.VERSION, nodeusage.PLURAL,
+                                                                limit=1)
+    except ApiException as exc:
+        raise TidalError(f"cannot list NodeUsage objects ({nodeusage.PLURAL}.{nodeusage.GROUP}): {exc.status} "
+                         f"{exc.reason}" + ("; kubectl apply -f deploy/crd-nodeusage.yaml" if exc.status == 404
+                                            else "")) from None
+    metrics = TidalMetrics(stale_after=stale_after)
+    stop = threading.Event()
+    metrics.watch(api, stop)
+    try:
+        bound = metrics.serve(tls_context(tls_cert, tls_key, ca_pem), address, port,
+                              authorize=name_check(allowed) if ca_pem else None)
+    except OSError as exc:
+        raise TidalError(f"cannot listen on {address}:{port}: {exc.strerror}") from None
+    click.echo(f"tidal metrics: serving metrics.k8s.io on https://{address}:{bound} from NodeUsage reports; "
+               + ("client certificates of the front proxy required" if ca_pem else "ANY caller served (--insecure)"))
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        while not stop.wait(1.0):
+            pass
+    except KeyboardInterrupt:
+        pass
+    metrics.stop()
+
+
 @cluster.command("lending")
 @KUBECONFIG_OPTION
 @click.option("--threshold", default=0.9, show_default=True, type=FiniteRange(0.01, 1.0),

@@ -172,6 +172,9 @@ def parse_reserved(value: Optional[str]):
                    "single-numa-node binds every dedicated_cores pod to one NUMA node (refused if none holds it) "
                    "and lets the upstream NodeResourceTopologyMatch plugin filter on it; the others keep "
                    "Tidal's per-pod binding (annotations), which that plugin does not filter on.")
+@click.option("--pod-usage-period", default=15.0, show_default=True, type=click.FloatRange(0, 3600),
+              help="With --kube-node: seconds between NodeUsage reports (each pod's cpu and memory, which "
+                   "`tidal cluster metrics` serves to the HorizontalPodAutoscaler and kubectl top); 0: none.")
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["debug", "info", "warning", "error"]))
 @click.option("--config", default=None, type=click.Path(dir_okay=False), is_eager=True, expose_value=False,
@@ -192,7 +195,8 @@ def agent(root: str, socket_path: str, state_dir: str, reserved_cpus, period: fl
           no_confine_self: bool, host_units, host_cgroups, cgroups_in_memory: bool,
           dedicated_partition: str,
           online_nic, offline_nic, offline_gateway, net_netns, no_ingress_shaping: bool, kube_node, kubeconfig,
-          kubelet_root_dir, kubelet_cgroup_driver, topology_policy: str, log_level: str, print_config) -> None:
+          kubelet_root_dir, kubelet_cgroup_driver, topology_policy: str, pod_usage_period: float, log_level: str,
+          print_config) -> None:
     """Run the node agent in the foreground (what `make run` and the systemd unit start)."""
     import logging
 
@@ -256,7 +260,8 @@ def agent(root: str, socket_path: str, state_dir: str, reserved_cpus, period: fl
 
         def on_start():  # once the agent has its state: pods, reports, lending
             holder["k8s"] = KubeNodeAgent(agent, api, kube_node, kubelet_driver=kubelet_cgroup_driver,
-                                          topology_policy=topology_policy, kubelet_root=kubelet_root_dir)
+                                          topology_policy=topology_policy, kubelet_root=kubelet_root_dir,
+                                          pod_usage_period=pod_usage_period)
             holder["k8s"].start()
             click.echo(f"tidal agent: Kubernetes node {kube_node}: watching its pods, publishing its topology")
 

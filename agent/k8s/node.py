@@ -29,7 +29,7 @@ import json
 import logging
 import threading
 import time
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from agent.errors import TidalError
 from kube import timeouts
@@ -43,6 +43,7 @@ from contracts.nrt import GROUP, PLURAL, VERSION, attribute, counted_by_the_plug
 
 log = logging.getLogger("tidal.k8s")
 FIELD_MANAGER = "tidal-agent"
+USAGE_RETRY_S = 300.0
 
 
 class KubeError(TidalError):
@@ -79,14 +80,30 @@ class KubeletLayout:
                     log.debug("pod %s: %s", request.workload, exc)
         return tuple(paths)
 
+    def containers(self, pod: Dict[str, Any], request: PodRequest) -> List[Tuple[str, str]]:
+        """(name, cgroup) of each of the pod's running containers (its init containers left out: the
+        resource metrics API shows a pod's app containers)."""
+        from agent.isolation.cgroups.layout import kubelet_container_path
+
+        out = []
+        for status in (pod.get("status") or {}).get("containerStatuses") or []:
+            if status.get("containerID") and "running" in (status.get("state") or {}):
+                try:
+                    out.append((status.get("name") or "", kubelet_container_path(
+                        self.driver, request.qos_class, request.uid, status["containerID"])))
+                except ValueError:
+                    pass
+        return out
+
 
 class KubeNodeAgent:
     def __init__(self, agent, api_client, node_name: str, resync: float = 30.0, report_period: float = 1.0,
                  notice: Optional[str] = None, kubelet_driver: Optional[str] = None, topology_policy: str = "none",
-                 kubelet_root: Optional[str] = None) -> None:
+                 kubelet_root: Optional[str] = None, pod_usage_period: float = 15.0) -> None:
         """``kubelet_root``: the kubelet's root directory, whose CPU manager checkpoint is read again every
         report (a kubelet restarted with the static policy beside a running agent is a conflict, shown
-        in status and metrics; the agent refuses only at its own start)."""
+        in status and metrics; the agent refuses only at its own start). ``pod_usage_period``: seconds
+        between NodeUsage reports (each pod's use, for ``tidal cluster metrics``); 0: none."""
         from kubernetes import client
 
         self.agent = agent
@@ -118,6 +135,14 @@ class KubeNodeAgent:
         self.policies = PolicyWatcher(agent, self.custom, self.stop, resync=resync)
         self.published = 0
         self.api_errors = 0
+        from agent.reporter.pod_usage import PodUsageMeter
+
+        self.pod_usage_period = pod_usage_period
+        self.usage_meter = PodUsageMeter(agent.driver)
+        self.usage_at = 0.0  # monotonic time of the last measure
+        self.usage_reports = 0
+        self.usage_off: Optional[str] = None  # why NodeUsage is not reported (its CRD missing: tried again
+        # every USAGE_RETRY_S, for a CRD installed after the agent)
 
     # ---- start ----------------------------------------------------------------------------
     def check(self) -> None:
@@ -268,6 +293,14 @@ class KubeNodeAgent:
             except Exception as exc:  # noqa: BLE001
                 self.api_errors += 1
                 log.warning("report from %s: %s", self.node, exc)
+            since = time.monotonic() - self.usage_at
+            if self.pod_usage_period > 0 and since >= (self.pod_usage_period if self.usage_off is None
+                                                       else USAGE_RETRY_S):
+                try:
+                    self.publish_usage()
+                except Exception as exc:  # noqa: BLE001
+                    self.api_errors += 1
+                    log.warning("usage report from %s: %s", self.node, exc)
 
     def lending_notice(self):
         """The notice a label-driven lending gets: the one given here, else the agent's (a policy may set it)."""
@@ -324,6 +357,57 @@ class KubeNodeAgent:
                                     _request_timeout=timeouts.CALL)
         self.last_report, self.last_report_at = key, time.monotonic()
         self.published += 1
+        return True
+
+    def usage_document(self) -> Optional[Dict[str, Any]]:
+        """Each running pod's use since the last call, as a NodeUsage object (``contracts.nodeusage``);
+        ``None`` the first time (a rate needs two reads)."""
+        from datetime import datetime, timezone
+
+        from contracts import nodeusage
+
+        with self.lock:  # which pods, and where: the cgroups themselves are read after the lock is let go
+            # every pod of the node that has not ended, a pod the agent refused too (the kubelet runs it)
+            pods = [(ns, name, uid, self.layout.containers(doc, self.pods.get(uid) or
+                                                           pod_request(doc, self.topology_policy)))
+                    for uid, doc in self.pod_docs.items()
+                    for ns, name, _counted in [self.node_pods.get(uid, ("", "", False))] if name]
+        self.usage_at = time.monotonic()
+        measured = self.usage_meter.measure(pods)
+        window = self.usage_meter.window_s
+        if window is None or window <= 0:
+            return None
+        return nodeusage.document(self.node, datetime.now(timezone.utc), min(window, 3600.0),
+                                  self.usage_meter.node_millicpu, self.usage_meter.node_bytes, measured)
+
+    def publish_usage(self) -> bool:
+        """The NodeUsage report, applied; a cluster without its CRD gets one warning, and a try every
+        ``USAGE_RETRY_S`` rather than every period."""
+        from kubernetes.client.exceptions import ApiException
+
+        from contracts import nodeusage
+
+        body = self.usage_document()
+        if body is None:
+            return False
+        try:
+            self.custom.patch_cluster_custom_object(
+                nodeusage.GROUP, nodeusage.VERSION, nodeusage.PLURAL, self.node, body, field_manager=FIELD_MANAGER,
+                force=True, _content_type="application/apply-patch+yaml", _request_timeout=timeouts.CALL)
+        except ApiException as exc:
+            if exc.status == 404:  # an apply creates a missing object: 404 is the resource type missing
+                why = (f"the NodeUsage CRD ({nodeusage.PLURAL}.{nodeusage.GROUP}) is not installed: no pod usage "
+                       f"is reported (kubectl apply -f deploy/crd-nodeusage.yaml)")
+                if self.usage_off is None:
+                    log.warning("%s", why)
+                self.usage_off = why
+                return False
+            raise
+        if self.usage_off is not None:
+            log.info("the NodeUsage CRD is there now: pod usage is reported")
+            self.usage_off = None
+        self.usage_reports += 1
+        self.agent.reports["nodeusage"] = time.time()
         return True
 
     def follow_node_label(self) -> None:

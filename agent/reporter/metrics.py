@@ -169,7 +169,8 @@ class AgentCollector(Collector):
         yield g
         g = GaugeMetricFamily("tidal_report_timestamp_seconds", "wall clock when each report to the cluster (nrt: "
                               "the NodeResourceTopology object and the node's reclaimed resources) was last known "
-                              "current (absent: never, or not a Kubernetes node)", labels=["report"])
+                              "current; nodeusage: the pods' use, at each write (absent: never, or not a Kubernetes node)",
+                              labels=["report"])
         for report, at in sorted(agent.reports.items()):
             g.add_metric([report], at)
         yield g

@@ -4,7 +4,7 @@ A pod of the DaemonSet gets a service-account token bound to it; the API server 
 into the token's user info. With exactly such a token (made with ``kubectl create token
 --bound-object-kind Pod``, as the kubelet asks for one), ``kubectl`` shows what the agent may do:
 ``auth can-i`` for what RBAC bounds, and server-side dry runs for what the ValidatingAdmissionPolicy
-bounds (its own Node and NodeResourceTopology only). Nothing here is changed: every write is a dry run.
+bounds (its own Node, NodeResourceTopology and NodeUsage only). Nothing here is changed: every write is a dry run.
 """
 
 from __future__ import annotations
@@ -32,6 +32,9 @@ def agent_token(plane, api):
             "topology.node.k8s.io", "v1alpha2", "noderesourcetopologies",
             {"apiVersion": "topology.node.k8s.io/v1alpha2", "kind": "NodeResourceTopology",
              "metadata": {"name": name}, "topologyPolicies": ["None"], "zones": []})
+        client.CustomObjectsApi(api).create_cluster_custom_object("tidal.io", "v1alpha1", "nodeusages", {
+            "apiVersion": "tidal.io/v1alpha1", "kind": "NodeUsage", "metadata": {"name": name},
+            "usage": {"timestamp": "2026-11-29T12:00:00.000000Z", "windowSeconds": 15, "pods": []}})
     # the DaemonSet's pod on n-own (no kubelet here: bound by nodeName, which is what the token records)
     core.create_namespaced_pod("tidal-system", client.V1Pod(
         metadata=client.V1ObjectMeta(name="tidal-agent-own"),
@@ -72,6 +75,9 @@ def test_the_token_of_a_daemonset_pod_names_its_node(plane, agent_token):
     # the cluster policies: read (watched), never written by an agent
     ("watch", "tidalpolicies.tidal.io", "yes"), ("list", "tidalpolicies.tidal.io", "yes"),
     ("patch", "tidalpolicies.tidal.io", "no"), ("create", "tidalpolicies.tidal.io", "no"),
+    # its pods' use: written (its own node's, below), never listed nor deleted
+    ("patch", "nodeusages.tidal.io", "yes"), ("list", "nodeusages.tidal.io", "no"),
+    ("delete", "nodeusages.tidal.io", "no"),
 ], ids=lambda v: v if isinstance(v, str) else None)
 def test_rbac_bounds_what_the_agent_may_do_at_all(plane, agent_token, verb, resource, want):
     assert can_i(plane, agent_token, verb, resource) == want
@@ -82,7 +88,8 @@ def test_rbac_bounds_what_the_agent_may_do_at_all(plane, agent_token, verb, reso
     ("label", "node", "{node}", "probe=1"),
     ("patch", "noderesourcetopologies.topology.node.k8s.io", "{node}", "--type=merge", "-p",
      '{"attributes": [{"name": "tidal.io/probe", "value": "1"}]}'),
-], ids=["node-annotation", "node-label", "nrt"])
+    ("patch", "nodeusages.tidal.io", "{node}", "--type=merge", "-p", '{"usage": {"windowSeconds": 5}}'),
+], ids=["node-annotation", "node-label", "nrt", "nodeusage"])
 def test_the_agent_changes_its_own_node_and_no_other(plane, agent_token, args):
     own = kubectl(plane, agent_token, *[a.replace("{node}", "n-own") for a in args], "--dry-run=server")
     assert own.returncode == 0, own.stderr
@@ -90,7 +97,7 @@ def test_the_agent_changes_its_own_node_and_no_other(plane, agent_token, args):
     assert other.returncode != 0
     assert "tidal-agent may change only its own node (n-own), not n-other" in other.stderr, other.stderr
     # RBAC alone would have let it: can-i says yes for the other node's object
-    resource = "nodes" if args[1] == "node" else "noderesourcetopologies.topology.node.k8s.io"
+    resource = "nodes" if args[1] == "node" else args[1]
     assert can_i(plane, agent_token, "patch", f"{resource}/n-other") == "yes"
 
 

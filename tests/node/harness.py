@@ -145,12 +145,17 @@ class RealNode:
                        capture_output=True)
         subprocess.run(["ip", "addr", "add", f"{API_ADDRESS}/32", "dev", self.link], check=True, capture_output=True)
         subprocess.run(["ip", "link", "set", self.link, "up"], check=True, capture_output=True)
+        # aggregator routing: the API server reaches an aggregated API server (tidal cluster metrics) at its
+        # Service's endpoints, not its ClusterIP, which nothing routes here (no kube-proxy)
         self.plane = ControlPlane(self.k8s_bin, address=API_ADDRESS, port=443, service_cidr=SERVICE_CIDR,
-                                  service_accounts=True)
+                                  service_accounts=True, apiserver_flags=("--enable-aggregator-routing=true",))
         self.plane.start()
         self.dir = self.plane.dir
         self.kubeconfig = self.plane.kubeconfig()
-        self.plane.start_controller_manager()
+        # Deployments scaled by a HorizontalPodAutoscaler, and the Endpoints of Services (the metrics API's)
+        self.plane.start_controller_manager(extra=(
+            "deployment-controller", "replicaset-controller", "horizontal-pod-autoscaler-controller",
+            "endpoints-controller", "endpointslice-controller"))
         self.plane.start_default_scheduler()
         self._containerd()
         self._import(pause_archive(self.node_bin), PAUSE_IMAGE)

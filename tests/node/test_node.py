@@ -484,3 +484,69 @@ def test_time_from_pod_creation_to_a_pinned_container(node):
               "max_s": round(ordered[-1], 3)}
     print("time to pinned:", json.dumps(report))
     assert len(durations) == PINNING_SAMPLES
+
+
+# ---- the HorizontalPodAutoscaler on what the agent measured ------------------------------------
+def test_the_hpa_scales_a_deployment_on_the_use_the_agent_measured(node):
+    """`tidal cluster metrics` from the chart (metrics.enabled) serves metrics.k8s.io from the DaemonSet agent's
+    NodeUsage reports, in place of metrics-server; Kubernetes' own HPA scales a Deployment on it, and kubectl top
+    reads it. What the agent reported for a pod is checked against the container's own cpu counter."""
+    tls = os.path.join(node.dir, "metrics-tls")
+    os.makedirs(tls, exist_ok=True)
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=tidal-metrics",
+                    "-keyout", f"{tls}/tls.key", "-out", f"{tls}/tls.crt"], check=True, capture_output=True)
+    node.kubectl("-n", "tidal-system", "create", "secret", "tls", "tidal-metrics-tls", "--cert", f"{tls}/tls.crt",
+                 "--key", f"{tls}/tls.key", check=True)
+    helm(node, "upgrade", "tidal", f"{REPO}/deploy/helm/tidal", "--namespace", "tidal-system", "--reuse-values",
+         "--set", "metrics.enabled=true")
+    # no CNI plugin on this node: every pod of the tier is hostNetwork (its port is the node's)
+    node.kubectl("-n", "tidal-system", "patch", "deployment", "tidal-metrics", "--type=merge", "-p",
+                 '{"spec": {"template": {"spec": {"hostNetwork": true}}}}', check=True)
+    name = f"burn-{uuid.uuid4().hex[:6]}"
+    try:
+        wait_for(lambda: any(c["type"] == "Available" and c["status"] == "True" for c in
+                             node.get("apiservice", "v1beta1.metrics.k8s.io")["status"].get("conditions", [])),
+                 "the metrics API to be Available", timeout=120)
+        node.kubectl("apply", "-f", "-", check=True, input=json.dumps({
+            "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name, "namespace": "default"},
+            "spec": {"replicas": 1, "selector": {"matchLabels": {"app": name}}, "template": {
+                "metadata": {"labels": {"app": name}},
+                "spec": {"hostNetwork": True, "terminationGracePeriodSeconds": 1, "containers": [{
+                    "name": "work", "image": BUSYBOX_IMAGE, "imagePullPolicy": "Never",
+                    "command": ["sh", "-c", "while :; do :; done"],
+                    "resources": {"requests": {"cpu": "100m", "memory": "16Mi"}}}]}}}}))
+
+        def reported():
+            items = json.loads(node.kubectl("get", "--raw", f"/apis/metrics.k8s.io/v1beta1/namespaces/default/pods"
+                                            f"?labelSelector=app%3D{name}", check=True).stdout)["items"]
+            return items[0] if items else None
+
+        first = wait_for(reported, "the agent's report of the pod", timeout=90)
+        # the figure against the container's own counter over the same window (the agent's report: the
+        # average of its last window, read here at both ends of the next one and compared with it)
+        pod_doc = node.get("pods", "-l", f"app={name}")["items"][0]
+        cgroup = f"{pod_cpuset_dir(pod_doc).replace('/cpuset/', '/cpuacct/')}"
+        before, at = int(open(f"{cgroup}/cpuacct.usage").read()), time.monotonic()
+        wait_for(lambda: reported()["timestamp"] != first["timestamp"] or None, "the next report", timeout=40)
+        truth = (int(open(f"{cgroup}/cpuacct.usage").read()) - before) / 1e6 / (time.monotonic() - at)
+        shown = int(reported()["containers"][0]["usage"]["cpu"].rstrip("m"))
+        assert truth > 300 and abs(shown - truth) / truth < 0.2, (shown, truth)
+        # Kubernetes' HPA (made only now: replicas it added would change the figure inside the window above),
+        # on that figure: ~10x the pod's request, so the most replicas it may have
+        node.kubectl("autoscale", "deployment", name, "--cpu=50%", "--min=1", "--max=3", check=True)
+        made = time.monotonic()
+        hpa = wait_for(lambda: (lambda h: h if h["status"].get("desiredReplicas") == 3 else None)(
+            node.get("hpa", name)), "the HPA to scale to 3", timeout=120)
+        (metric,) = hpa["status"]["currentMetrics"]
+        assert metric["resource"]["current"]["averageUtilization"] > 50
+        print(json.dumps({"agent_millicpu": shown, "cgroup_millicpu": round(truth), "hpa_to_3_s": round(
+            time.monotonic() - made, 1), "hpa_utilization_percent": metric["resource"]["current"]["averageUtilization"]}))
+        top = node.kubectl("top", "pod", "-l", f"app={name}", check=True).stdout
+        assert name in top and "m " in top, top
+        assert node.kubectl("top", "node", check=True).stdout.count(node.name) == 1
+    finally:
+        node.kubectl("delete", "hpa", name, "--wait=true", "--timeout=30s")
+        node.kubectl("delete", "deployment", name, "--wait=true", "--timeout=60s")
+        helm(node, "upgrade", "tidal", f"{REPO}/deploy/helm/tidal", "--namespace", "tidal-system", "--reuse-values",
+             "--set", "metrics.enabled=false")
+        node.kubectl("-n", "tidal-system", "delete", "secret", "tidal-metrics-tls")

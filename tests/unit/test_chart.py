@@ -54,9 +54,9 @@ def test_the_manifests_of_deploy_are_what_the_chart_renders(helm, tmp_path):
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     rendered = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*.yaml"))
-    assert rendered == ["agent-daemonset.yaml", "crd-noderesourcetopology.yaml", "crd-podgroup.yaml",
-                        "crd-tidalpolicy.yaml", "extender.yaml", "monitoring/prometheus-rule.yaml", "rbac.yaml",
-                        "scheduler.yaml"]
+    assert rendered == ["agent-daemonset.yaml", "crd-noderesourcetopology.yaml", "crd-nodeusage.yaml",
+                        "crd-podgroup.yaml", "crd-tidalpolicy.yaml", "extender.yaml", "metrics.yaml",
+                        "monitoring/prometheus-rule.yaml", "rbac.yaml", "scheduler.yaml"]
     stale = [name for name in rendered if not filecmp.cmp(tmp_path / name, ROOT / "deploy" / name, shallow=False)]
     assert not stale, f"deploy/ is not what the chart renders: {stale}; run `make manifests`"
 
@@ -69,12 +69,29 @@ def test_the_manifests_of_deploy_are_what_the_chart_renders(helm, tmp_path):
     (["--set", "agent.config.topology-policy=numa"], "/agent/config/topology-policy"),
     (["--set", "extender.policy=random"], "/extender/policy"),
     (["--set", "lending.threshold=2"], "/lending/threshold"),
+    (["--set", "metrics.staleAfter=0"], "/metrics/staleAfter"),
     (["--set", "imag.tag=x"], "imag"),
 ], ids=lambda v: v[-1] if isinstance(v, list) else None)
 def test_a_wrong_value_is_refused_with_its_path(helm, args, path):
     done = template(helm, *args, check=False)
     assert done.returncode != 0 and "values don't meet the specifications of the schema" in done.stderr, done.stderr
     assert path in done.stderr, done.stderr
+
+
+def test_the_metrics_api_is_off_unless_asked_for_and_serves_as_the_values_say(helm):
+    off = [d for d in yaml.safe_load_all(template(helm).stdout) if d]
+    assert not [d for d in off if d["kind"] == "APIService" or "tidal-metrics" in d["metadata"]["name"]]
+    on = [d for d in yaml.safe_load_all(template(helm, "--set", "metrics.enabled=true", "--set",
+                                                 "metrics.staleAfter=90").stdout) if d]
+    service = next(d for d in on if d["kind"] == "APIService")
+    assert service["metadata"]["name"] == "v1beta1.metrics.k8s.io" and \
+        service["spec"]["service"] == {"name": "tidal-metrics", "namespace": "tidal-system", "port": 443}
+    deployment = next(d for d in on if d["kind"] == "Deployment" and d["metadata"]["name"] == "tidal-metrics")
+    command = deployment["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert command[:3] == ["tidal", "cluster", "metrics"] and command[command.index("--stale-after") + 1] == "90"
+    assert "--insecure" not in command  # the front proxy's certificate required, as shipped
+    role = next(d for d in on if d["kind"] == "ClusterRole" and d["metadata"]["name"] == "tidal-metrics")
+    assert role["rules"][0] == {"apiGroups": ["tidal.io"], "resources": ["nodeusages"], "verbs": ["get", "list", "watch"]}
 
 
 def test_values_reach_the_objects(helm):

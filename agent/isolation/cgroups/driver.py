@@ -38,6 +38,7 @@ class CgroupDriver(Protocol):
     def children(self, path: str) -> List[str]: ...
     def cpu_usage_ns(self, path: str) -> Optional[int]: ...
     def memory_usage_bytes(self, path: str) -> Optional[int]: ...
+    def memory_working_set_bytes(self, path: str) -> Optional[int]: ...
     def usage_reader(self, path: str): ...
     def percpu_reader(self, path: str): ...
     def kill(self, path: str, sig: int) -> List[int]: ...
@@ -485,6 +486,20 @@ class KernelCgroups:
         else:
             text = self.read("", path, "memory.current")
         return int(text) if text and text.strip().isdigit() else None
+
+    def memory_working_set_bytes(self, path: str) -> Optional[int]:
+        """What the cgroup holds less its inactive page cache (the kubelet's "working set", what
+        ``kubectl top`` shows); ``None`` when the cgroup or its memory controller is not there."""
+        used = self.memory_usage_bytes(path)
+        if used is None:
+            return None
+        text = self.read("memory" if self.version == 1 else "", path, "memory.stat") or ""
+        name = "total_inactive_file" if self.version == 1 else "inactive_file"
+        for line in text.splitlines():
+            key, _, value = line.partition(" ")
+            if key == name and value.strip().isdigit():
+                return max(0, used - int(value))
+        return used
 
     def memory_ceiling(self) -> Optional[Tuple[int, int]]:
         """The tightest memory limit on the parent Tidal was given and its ancestors, as ``(limit,

@@ -119,6 +119,9 @@ class RecordingCgroups:
     def memory_usage_bytes(self, path: str) -> Optional[int]:
         return self.memory.get(path)
 
+    def memory_working_set_bytes(self, path: str) -> Optional[int]:
+        return self.memory.get(path)  # a recording has no page cache
+
     def kill(self, path: str, sig: int) -> List[int]:
         pids = procs_in_tree(self, path)
         for members in self.members.values():
