@@ -444,6 +444,27 @@ def agent_log(lines=150):
         return "".join(handle.readlines()[-lines:])
 
 
+def test_the_agent_reports_each_pods_use_from_the_systemd_drivers_scopes(node):
+    """The NodeUsage report (what `tidal cluster metrics` serves to the HPA) under the systemd cgroup driver on
+    pure v2: each running pod's container found in its ``cri-containerd-<id>.scope`` and read there (cpu.stat,
+    memory.current less memory.stat's inactive_file), the working set no more than what the scope holds."""
+    wanted = {"dedicated", "shared", "batch"}
+
+    def report():
+        usage = get("nodeusages", NODE)["usage"]
+        pods = {p["name"]: p for p in usage["pods"] if p["namespace"] == "default"}
+        return usage if wanted <= set(pods) else None
+
+    usage = wait_for(report, "the agent's NodeUsage naming every pod", timeout=120, interval=2)
+    assert 0 < usage["windowSeconds"] <= 60 and usage["node"]["memory"] > 0
+    for pod in (p for p in usage["pods"] if p["name"] in wanted):
+        (container,) = pod["containers"]
+        assert container["name"] == "work" and container["cpu"] >= 0, pod
+        scope = f"{CGROUP}{cgroup_of(work_pid(pod['name']))}"
+        assert 0 < container["memory"] <= int(read(f"{scope}/memory.current")) + (8 << 20), (pod, scope)
+        assert pod["uid"] == get("pod", pod["name"])["metadata"]["uid"]
+
+
 def test_deleting_the_pods_frees_their_cpus_in_the_agent_and_the_report(node):
     mine = pod_workloads("dedicated", "shared", "batch")
     assert mine <= pods_held(), (sorted(mine - pods_held()), agent_log())
