@@ -181,23 +181,31 @@ def front_proxy(core_api) -> Tuple[Optional[str], List[str]]:
     return ca, [str(n) for n in names if n] if isinstance(names, list) else []
 
 
-def tls_context(cert: str, key: str, client_ca_pem: Optional[str]) -> ssl.SSLContext:
-    """The server's HTTPS: its certificate, and with ``client_ca_pem`` a client certificate, where one is
-    given, verified against that CA (one that is not signed by it fails the handshake). A caller without
-    one is let through the handshake, for the kubelet's probes of ``/readyz``; ``authorize`` refuses it
-    everything else."""
+def tls_context(cert: str, key: str) -> ssl.SSLContext:
+    """The server's HTTPS, its certificate loaded (read before anything else: a wrong file is one line at
+    start); ``require_front_proxy`` adds the client CA."""
     from contracts.errors import TidalError
 
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
     try:
         context.load_cert_chain(cert, key)
-        if client_ca_pem:
-            context.load_verify_locations(cadata=client_ca_pem)
-            context.verify_mode = ssl.CERT_OPTIONAL
     except (OSError, ssl.SSLError) as exc:
-        raise TidalError(f"metrics TLS: {exc}") from None
+        raise TidalError(f"metrics TLS: --tls-cert {cert} / --tls-key {key}: {exc.strerror or exc}") from None
     return context
+
+
+def require_front_proxy(context: ssl.SSLContext, client_ca_pem: str) -> None:
+    """A client certificate, where one is given, verified against ``client_ca_pem`` (one that is not signed by
+    it fails the handshake). A caller without one is let through the handshake, for the kubelet's probes of
+    ``/readyz``; ``name_check`` refuses it everything else."""
+    from contracts.errors import TidalError
+
+    try:
+        context.load_verify_locations(cadata=client_ca_pem)
+    except (ValueError, ssl.SSLError) as exc:
+        raise TidalError(f"metrics TLS: the front proxy's CA is not a PEM certificate: {exc}") from None
+    context.verify_mode = ssl.CERT_OPTIONAL
 
 
 def name_check(allowed: Sequence[str]) -> Callable[[Optional[Dict[str, Any]]], Optional[str]]:

@@ -21,6 +21,18 @@ KUBECONFIG_OPTION = click.option(
     help="Kubeconfig to use (default: in-cluster service account, then ~/.kube/config).")
 
 
+def serve_until_stopped(stop) -> None:
+    """Block until SIGTERM, Ctrl-C or ``stop`` is set (a server's threads do the work meanwhile)."""
+    import signal
+
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        while not stop.wait(1.0):
+            pass
+    except KeyboardInterrupt:
+        pass
+
+
 def kube_client(kubeconfig: Optional[str]):
     """An API client: the given kubeconfig, else in-cluster, else the default kubeconfig."""
     from kubernetes import client, config
@@ -56,7 +68,6 @@ def cluster_extender(kubeconfig, port: int, address: str, tls_cert, tls_key, tls
                      policy: str, stale_after: float) -> None:
     """Serve the kube-scheduler extender (filter, prioritize, bind) from the nodes' topology reports."""
     import ipaddress
-    import signal
     import threading
 
     from cluster.extender import NrtWatcher, TopologyCache, serve, tls_context
@@ -80,12 +91,7 @@ def cluster_extender(kubeconfig, port: int, address: str, tls_cert, tls_key, tls
     server = serve(cache, port, address, api_client=api, tls=tls, bind_needs_certificate=not loopback)
     click.echo(f"tidal extender: serving {'https' if tls else 'http'}://{address}:{port} (filter, prioritize, bind)"
                f"{'; client certificates required' if tls_client_ca else ''}; policy {policy}")
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    try:
-        while not stop.wait(1.0):
-            pass
-    except KeyboardInterrupt:
-        pass
+    serve_until_stopped(stop)
     server.shutdown()
 
 
@@ -149,7 +155,7 @@ def cluster_scheduler(kubeconfig, scheduler_name: str, policy: str, shards: int,
 
         start_http_server(metrics_port, metrics_address, registry=scheduler.metrics.registry)
     stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())  # from here: a standby replica waits for the Lease
     lost = threading.Event()
 
     def on_lost() -> None:  # another replica may lead now: stop placing, and exit so the pod restarts
@@ -164,11 +170,7 @@ def cluster_scheduler(kubeconfig, scheduler_name: str, policy: str, shards: int,
     click.echo(f"tidal scheduler: {scheduler_name}, {len(scheduler.table)} nodes, policy {policy}, {shards} "
                f"shard(s){', leader election on ' + lease_namespace + '/' + lease_name if leader_elect else ''}",
                err=True)
-    try:
-        while not stop.wait(1.0):
-            pass
-    except KeyboardInterrupt:
-        pass
+    serve_until_stopped(stop)
     scheduler.close()
     if lost.is_set():
         raise TidalError("leader election lost: another replica may be scheduling; exiting")
@@ -192,55 +194,58 @@ def cluster_metrics(kubeconfig, port: int, address: str, tls_cert: str, tls_key:
                     stale_after: float) -> None:
     """Serve the resource metrics API (metrics.k8s.io: the HPA, kubectl top) from the agents' NodeUsage reports,
     in place of metrics-server."""
-    import signal
     import threading
 
     from kubernetes import client
     from kubernetes.client.exceptions import ApiException
 
-    from cluster.podmetrics import TidalMetrics, front_proxy, name_check, tls_context
+    from cluster.podmetrics import TidalMetrics, front_proxy, name_check, require_front_proxy, tls_context
     from contracts import nodeusage
+    from kube import timeouts
 
-    api = kube_client(kubeconfig)
+    context = tls_context(tls_cert, tls_key)
     allowed = []
+    ca_pem = None
     if client_ca:
         try:
             with open(client_ca) as handle:
                 ca_pem = handle.read()
-        except OSError as exc:
-            raise TidalError(f"--client-ca {client_ca}: {exc.strerror}") from None
-    else:
+        except (OSError, UnicodeDecodeError) as exc:
+            raise TidalError(f"--client-ca {client_ca}: {getattr(exc, 'strerror', None) or exc}") from None
+    api = kube_client(kubeconfig)
+    if ca_pem is None:
         try:
             ca_pem, allowed = front_proxy(client.CoreV1Api(api))
         except ApiException as exc:
             raise TidalError(f"cannot read the API server's front-proxy CA (kube-system/extension-apiserver-"
                              f"authentication): {exc.status} {exc.reason}; give --client-ca") from None
+        except Exception as exc:  # noqa: BLE001 - the API server unreachable: one line
+            raise TidalError(f"cannot reach the API server: {exc}") from None
         if ca_pem is None and not insecure:
             raise TidalError("the API server publishes no front-proxy CA (--requestheader-client-ca-file): give "
                              "--client-ca, or --insecure to serve any caller")
+    if ca_pem:
+        require_front_proxy(context, ca_pem)
     try:
         client.CustomObjectsApi(api).list_cluster_custom_object(nodeusage.GROUP, nodeusage.VERSION, nodeusage.PLURAL,
-                                                                limit=1)
+                                                                limit=1, _request_timeout=timeouts.CALL)
     except ApiException as exc:
         raise TidalError(f"cannot list NodeUsage objects ({nodeusage.PLURAL}.{nodeusage.GROUP}): {exc.status} "
                          f"{exc.reason}" + ("; kubectl apply -f deploy/crd-nodeusage.yaml" if exc.status == 404
                                             else "")) from None
+    except Exception as exc:  # noqa: BLE001 - the API server unreachable: one line
+        raise TidalError(f"cannot reach the API server: {exc}") from None
     metrics = TidalMetrics(stale_after=stale_after)
     stop = threading.Event()
     metrics.watch(api, stop)
     try:
-        bound = metrics.serve(tls_context(tls_cert, tls_key, ca_pem), address, port,
+        bound = metrics.serve(context, address, port,
                               authorize=name_check(allowed) if ca_pem else None)
     except OSError as exc:
         raise TidalError(f"cannot listen on {address}:{port}: {exc.strerror}") from None
     click.echo(f"tidal metrics: serving metrics.k8s.io on https://{address}:{bound} from NodeUsage reports; "
                + ("client certificates of the front proxy required" if ca_pem else "ANY caller served (--insecure)"))
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    try:
-        while not stop.wait(1.0):
-            pass
-    except KeyboardInterrupt:
-        pass
+    serve_until_stopped(stop)
     metrics.stop()
 
 

@@ -39,6 +39,13 @@ def shapes_with(tmp_path, archive: bytes) -> str:
     return str(tmp_path / "shapes")
 
 
+def serving_cert(t) -> list:
+    """``--tls-cert``/``--tls-key`` of a real self-signed pair, made in ``t``."""
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=m",
+                    "-keyout", str(t / "m.key"), "-out", str(t / "m.crt")], check=True, capture_output=True)
+    return ["--tls-cert", str(t / "m.crt"), "--tls-key", str(t / "m.key")]
+
+
 CASES = [
     ("plan-infinity", lambda t, r: ["plan", "--root", r, "--requests", file_with(t, "r.json", b'[{"name":"a","qos":"shared_cores",'
                                                                               b'"millicpu":1e400}]')], "1e400 is out of range"),
@@ -108,6 +115,17 @@ CASES = [
     # the flags are checked before any machine's tree is extracted (this archive is not a tree at all)
     ("day-flags-before-trees", lambda t, r: ["bench", "day", "--shapes", shapes_with(t, b"not bzip2"),
                                              "--metrics-gap", "7:00-25:00"], "--metrics-gap '7:00-25:00': expected"),
+    # the serving certificate is read before the API server is asked anything (none runs here)
+    ("metrics-tls-missing", lambda t, r: ["cluster", "metrics", "--kubeconfig", str(t / "none"), "--tls-cert",
+                                          str(t / "no.crt"), "--tls-key", str(t / "no.key")],
+     "metrics TLS: --tls-cert"),
+    ("metrics-tls-not-pem", lambda t, r: ["cluster", "metrics", "--kubeconfig", str(t / "none"), "--tls-cert",
+                                          file_with(t, "c.crt", b"not pem"), "--tls-key", file_with(t, "k", b"x")],
+     "metrics TLS: --tls-cert"),
+    ("metrics-no-api-server", lambda t, r: ["cluster", "metrics", "--kubeconfig", file_with(
+        t, "kc", b"apiVersion: v1\nkind: Config\nclusters: [{name: c, cluster: {server: 'https://127.0.0.1:9'}}]\n"
+                 b"users: [{name: u, user: {token: x}}]\ncontexts: [{name: c, context: {cluster: c, user: u}}]\n"
+                 b"current-context: c\n"), *serving_cert(t)], "cannot reach the API server"),
     ("day-metrics-gap-no-hpa", lambda t, r: ["bench", "day", "--no-hpa", "--metrics-gap", "08:00-09:00"],
      "--metrics-gap: the metrics are the HPA's"),
 ]

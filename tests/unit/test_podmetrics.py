@@ -15,7 +15,7 @@ import pytest
 from agent.isolation.cgroups.recording import RecordingCgroups
 from agent.k8s.node import KubeNodeAgent
 from agent.reporter.pod_usage import PodUsageMeter, node_counters
-from cluster.podmetrics import TidalMetrics, name_check, tls_context
+from cluster.podmetrics import TidalMetrics, name_check, require_front_proxy, tls_context
 from contracts import nodeusage
 from contracts.pods import pod_request
 from tests.unit.test_k8s_unit import _NoApi, pod, pod_agent
@@ -240,9 +240,9 @@ def test_only_the_api_servers_front_proxy_is_answered_over_https(tmp_path):
     _certs(tmp_path)
     metrics = served(datetime.now(timezone.utc))
     metrics.on_usage_list([usage_object(when=datetime.now(timezone.utc))])
-    port = metrics.serve(tls_context(str(tmp_path / "tls.crt"), str(tmp_path / "tls.key"),
-                                     (tmp_path / "proxy-ca.crt").read_text()),
-                         authorize=name_check(["front-proxy-client"]))
+    context = tls_context(str(tmp_path / "tls.crt"), str(tmp_path / "tls.key"))
+    require_front_proxy(context, (tmp_path / "proxy-ca.crt").read_text())
+    port = metrics.serve(context, authorize=name_check(["front-proxy-client"]))
 
     def get(path, client=None):
         context = ssl.create_default_context(cafile=str(tmp_path / "tls.crt"))
