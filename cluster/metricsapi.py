@@ -12,16 +12,20 @@ layer), as it reaches metrics-server; a source subclasses ``ResourceMetricsAPI``
 from __future__ import annotations
 
 import json
+import logging
 import ssl
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable, Dict, List, Optional, Tuple
 from urllib.parse import parse_qs, urlsplit
 
+log = logging.getLogger("tidal.metrics")
 GROUP, VERSION = "metrics.k8s.io", "v1beta1"
 APISERVICE = f"{VERSION}.{GROUP}"
 PREFIX = f"/apis/{GROUP}/{VERSION}"
 API_VERSION = f"{GROUP}/{VERSION}"
+IO_TIMEOUT = 10.0  # seconds a caller may stay silent mid-request (the aggregator sends at once)
+MAX_INFLIGHT = 64  # requests answered at once; an HPA controller sends one per autoscaler per sync
 
 
 def parse_selector(text: str) -> Dict[str, str]:
@@ -45,6 +49,16 @@ def matches(labels: Dict[str, str], selector: Dict[str, str]) -> bool:
 
 def _list(kind: str, items: List[Dict[str, Any]]) -> Dict[str, Any]:
     return {"kind": kind, "apiVersion": API_VERSION, "metadata": {}, "items": items}
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A caller that failed the handshake or went silent: a debug line, not a traceback on stderr."""
+        import sys
+
+        log.debug("metrics API: %s from %s", sys.exc_info()[1], client_address)
 
 
 class ResourceMetricsAPI:
@@ -108,18 +122,49 @@ class ResourceMetricsAPI:
         return 404, status(404, f"{url.path} is not served here")
 
     def serve(self, context: ssl.SSLContext, host: str = "127.0.0.1", port: int = 0,
-              authorize: Optional[Callable[[Optional[Dict[str, Any]]], Optional[str]]] = None) -> int:
+              authorize: Optional[Callable[[Optional[Dict[str, Any]]], Optional[str]]] = None,
+              io_timeout: float = IO_TIMEOUT, max_inflight: int = MAX_INFLIGHT) -> int:
         """Serves HTTPS on ``host``:``port`` (0: a free one; returned), in a thread. ``authorize``: given the
-        caller's certificate (``getpeercert()``), why it is refused (a 401), or None."""
+        caller's certificate (``getpeercert()``), why it is refused (a 401), or None. A caller silent for
+        ``io_timeout`` is dropped; past ``max_inflight`` requests at once, a 503."""
         api = self
+        inflight = threading.BoundedSemaphore(max_inflight)
 
         class Handler(BaseHTTPRequestHandler):
+            timeout = io_timeout  # the request must keep coming: a silent caller holds its thread this long
+
+            def setup(self) -> None:
+                self.request.settimeout(io_timeout)
+                self.request.do_handshake()  # here, not in the accepting thread: a slow caller holds only itself
+                super().setup()
+
             def do_GET(self) -> None:  # noqa: N802 - http.server's name
-                why = authorize(self.connection.getpeercert()) if authorize is not None else None
-                if why is not None and self.path.rstrip("/") not in ("/healthz", "/readyz", "/livez"):
-                    code, body = 401, status(401, why)
-                else:
-                    code, body = api.answer("GET", self.path)
+                if not inflight.acquire(timeout=1.0):
+                    self.close_connection = True
+                    return self._send(503, status(503, f"more than {max_inflight} requests at once; try again"))
+                try:
+                    why = authorize(self.connection.getpeercert()) if authorize is not None else None
+                    if why is not None and self.path.rstrip("/") not in ("/healthz", "/readyz", "/livez"):
+                        return self._send(401, status(401, why))
+                    self._send(*api.answer("GET", self.path))
+                finally:
+                    inflight.release()
+
+            def _refuse(self) -> None:
+                self.close_connection = True
+                self._send(405, status(405, f"{self.command} is not served"))
+
+            do_POST = do_PUT = do_PATCH = do_DELETE = do_HEAD = do_OPTIONS = _refuse
+
+            def send_error(self, code: int, message: Optional[str] = None, explain: Optional[str] = None) -> None:
+                """The server's own errors (a bad request line, headers too long) as a Status, never HTML."""
+                self.close_connection = True
+                try:
+                    self._send(code, status(code, message or self.responses.get(code, ("error",))[0]))
+                except OSError:
+                    pass
+
+            def _send(self, code: int, body: Dict[str, Any]) -> None:
                 data = json.dumps(body).encode()
                 self.send_response(code)
                 self.send_header("Content-Type", "application/json")
@@ -130,9 +175,8 @@ class ResourceMetricsAPI:
             def log_message(self, *args: Any) -> None:
                 pass
 
-        self._server = ThreadingHTTPServer((host, port), Handler)
-        self._server.daemon_threads = True
-        # the handshake in the request's thread, not the accepting one: a caller that stalls it holds only itself
+        self._server = _Server((host, port), Handler)
+        # the handshake in the request's thread (setup), not the accepting one
         self._server.socket = context.wrap_socket(self._server.socket, server_side=True, do_handshake_on_connect=False)
         threading.Thread(target=self._server.serve_forever, name="metrics-api", daemon=True).start()
         return self._server.server_address[1]

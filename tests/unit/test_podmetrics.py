@@ -236,7 +236,7 @@ def _certs(d):
             "-CAcreateserial", "-days", "1", "-out", f"{base}.crt")
 
 
-def test_only_the_api_servers_front_proxy_is_answered_over_https(tmp_path):
+def test_only_the_api_servers_front_proxy_is_answered_over_https(tmp_path, capfd):
     _certs(tmp_path)
     metrics = served(datetime.now(timezone.utc))
     metrics.on_usage_list([usage_object(when=datetime.now(timezone.utc))])
@@ -263,5 +263,34 @@ def test_only_the_api_servers_front_proxy_is_answered_over_https(tmp_path):
         assert code == 401 and "front-proxy-client" in body["message"]
         with pytest.raises((ssl.SSLError, urllib.error.URLError, ConnectionError)):
             get(f"{BASE}/pods", "front-proxy-client-other-ca")  # another CA: the handshake is refused
+        request = urllib.request.Request(f"https://127.0.0.1:{port}{BASE}/pods", method="POST", data=b"{}")
+        context = ssl.create_default_context(cafile=str(tmp_path / "tls.crt"))
+        context.load_cert_chain(str(tmp_path / "front-proxy-client-proxy-ca.crt"),
+                                str(tmp_path / "front-proxy-client-proxy-ca.key"))
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(request, context=context, timeout=10)
+        assert refused.value.code == 405 and json.load(refused.value)["kind"] == "Status"
+    finally:
+        metrics.stop()
+    assert "Traceback" not in capfd.readouterr().err  # a refused handshake is no traceback on stderr
+
+
+def test_a_silent_caller_is_dropped_and_others_are_served_meanwhile(tmp_path):
+    import socket
+    import time
+
+    _certs(tmp_path)
+    metrics = served(datetime.now(timezone.utc))
+    port = metrics.serve(tls_context(str(tmp_path / "tls.crt"), str(tmp_path / "tls.key")), io_timeout=0.5)
+    try:
+        silent = [socket.create_connection(("127.0.0.1", port)) for _ in range(3)]  # no handshake, nothing sent
+        context = ssl.create_default_context(cafile=str(tmp_path / "tls.crt"))
+        with urllib.request.urlopen(f"https://127.0.0.1:{port}/readyz", context=context, timeout=5) as answer:
+            assert answer.status == 200
+        time.sleep(1.0)
+        for sock in silent:
+            sock.settimeout(5)
+            assert sock.recv(1) == b""  # closed by the server
+            sock.close()
     finally:
         metrics.stop()
