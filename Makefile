@@ -16,7 +16,7 @@ BIN_DIR ?= /usr/local/bin
 CONFIG_DIR ?= /etc/tidal
 COMPLETION_DIR ?= /usr/share/bash-completion/completions
 
-.PHONY: all install deps test docs dist helm kwok koordlet manifests test-cgroup2 test-systemd test-systemd-kubelet test-systemd-full bench-hierarchies run bench clean clean-test-leftovers k8s-testbin nrt-scheduler yarn-testbin node-testbin image vm-kernel
+.PHONY: all install deps test docs dist helm kwok koordlet manifests test-cgroup2 test-systemd test-systemd-kubelet test-systemd-full bench-hierarchies run bench clean clean-test-leftovers k8s-testbin metrics-server nrt-scheduler yarn-testbin node-testbin image vm-kernel
 
 all: test
 
@@ -111,6 +111,10 @@ kwok:
 # helm (helm.sh/helm/v3 from the Go module proxy, cached in ~/.cache/tidal/helm) for the chart's tests
 helm:
 	sh scripts/helm.sh
+
+# metrics-server, the peer of `tidal cluster metrics`, for the node tier's HPA test, cached outside the repository
+metrics-server:
+	sh scripts/metrics-server.sh
 
 # Koordinator's koordlet for the node tier's peers benchmark (tests/node/test_peers.py), cached outside the repository
 koordlet:

@@ -144,22 +144,18 @@ class TidalMetrics(ResourceMetricsAPI):
                 for u in sorted(self._fresh(), key=lambda u: u.node) if name is None or u.node == name]
 
     # running -------------------------------------------------------------------------------
-    def watch(self, api_client, stop: threading.Event, resync: int = 300) -> List[threading.Thread]:
-        """The two list-watches (NodeUsage objects, pods), each in a thread."""
-        from kubernetes import client
+    def watch(self, rest, stop: threading.Event, resync: int = 300) -> List[threading.Thread]:
+        """The two list-watches (NodeUsage objects, pods), each in a thread, over raw JSON (``kube.rest``: the
+        client's model objects cost several times the cpu and memory for the few fields kept here)."""
+        from kube.rest import list_watch_raw
 
-        from kube.listwatch import list_watch
-
-        custom, core = client.CustomObjectsApi(api_client), client.CoreV1Api(api_client)
         threads = [
-            threading.Thread(target=list_watch, name="metrics-usage", daemon=True, args=(
-                custom.list_cluster_custom_object, nodeusage.GROUP, nodeusage.VERSION, nodeusage.PLURAL),
-                kwargs=dict(on_list=self.on_usage_list, on_event=self.on_usage, stop=stop, what="NodeUsage watch",
-                            timeout_seconds=resync)),
-            threading.Thread(target=list_watch, name="metrics-pods", daemon=True, args=(
-                core.list_pod_for_all_namespaces,),
-                kwargs=dict(on_list=self.on_pod_list, on_event=self.on_pod, stop=stop, what="pod watch",
-                            timeout_seconds=resync, sanitize=api_client.sanitize_for_serialization))]
+            threading.Thread(target=list_watch_raw, name="metrics-usage", daemon=True, args=(
+                rest, f"/apis/{nodeusage.GROUP}/{nodeusage.VERSION}/{nodeusage.PLURAL}", self.on_usage_list,
+                self.on_usage, stop, "NodeUsage watch"), kwargs={"timeout_seconds": resync}),
+            threading.Thread(target=list_watch_raw, name="metrics-pods", daemon=True, args=(
+                rest, "/api/v1/pods", self.on_pod_list, self.on_pod, stop, "pod watch"),
+                kwargs={"timeout_seconds": resync})]
         for thread in threads:
             thread.start()
         return threads

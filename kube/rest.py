@@ -87,7 +87,8 @@ class Rest:
         token = (configuration.api_key or {}).get("authorization") or (configuration.api_key or {}).get("BearerToken")
         token_file = None
         if token:
-            bare = token.split(" ", 1)[1] if token.startswith("Bearer ") else token
+            # a kubeconfig's token comes as "Bearer <t>", the in-cluster loader's as "bearer <t>"
+            bare = token.split(" ", 1)[1] if token[:7].lower() == "bearer " else token
             headers["Authorization"] = "Bearer " + bare
             try:
                 with open(SA_TOKEN) as handle:

@@ -235,9 +235,11 @@ def cluster_metrics(kubeconfig, port: int, address: str, tls_cert: str, tls_key:
                                             else "")) from None
     except Exception as exc:  # noqa: BLE001 - the API server unreachable: one line
         raise TidalError(f"cannot reach the API server: {exc}") from None
+    from kube.rest import Rest
+
     metrics = TidalMetrics(stale_after=stale_after)
     stop = threading.Event()
-    metrics.watch(api, stop)
+    metrics.watch(Rest.from_config(api.configuration), stop)
     try:
         bound = metrics.serve(context, address, port,
                               authorize=name_check(allowed) if ca_pem else None)

@@ -243,12 +243,14 @@ kind: KubeletConfiguration
 failCgroupV1: false
 cgroupDriver: cgroupfs
 failSwapOn: false
-address: 127.0.0.1
+# the node's address: metrics-server (the HPA test's peer) scrapes the kubelet where the Node says it is
+address: {API_ADDRESS}
 port: {free_port()}
 readOnlyPort: 0
 healthzBindAddress: 127.0.0.1
 healthzPort: {self.kubelet_healthz}
-authentication: {{anonymous: {{enabled: false}}, webhook: {{enabled: false}}}}
+# a caller's token checked by the API server (TokenReview), as kubeadm sets it up: metrics-server's
+authentication: {{anonymous: {{enabled: false}}, webhook: {{enabled: true}}}}
 authorization: {{mode: AlwaysAllow}}
 containerRuntimeEndpoint: unix://{self.containerd_socket}
 podLogsDir: {d}/pod-logs

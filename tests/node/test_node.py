@@ -486,11 +486,91 @@ def test_time_from_pod_creation_to_a_pinned_container(node):
     assert len(durations) == PINNING_SAMPLES
 
 
-# ---- the HorizontalPodAutoscaler on what the agent measured ------------------------------------
+# ---- the HorizontalPodAutoscaler on what the agent measured, beside metrics-server -----------------
+class MetricsServer:
+    """Kubernetes' metrics-server (scripts/metrics-server.sh), the peer: a process on the host scraping the
+    kubelet's resource metrics (at the node's address, its token checked by the kubelet's webhook), asked
+    directly with the admin's token (both claim the APIService: Tidal's holds it here). ``why``: why it is
+    not there (its build failed: the row says so, Tidal's checks still run)."""
+
+    def __init__(self, node: RealNode) -> None:
+        self.proc, self.why, self.port = None, None, None
+        built = subprocess.run(["sh", f"{REPO}/scripts/metrics-server.sh"], capture_output=True, text=True,
+                               timeout=1800)
+        if built.returncode != 0:
+            self.why = f"not built: {built.stderr.strip().splitlines()[-1:]}"
+            return
+        from tests.k8s.controlplane import free_port
+
+        self.port = free_port()
+        self.log = open(os.path.join(node.dir, "metrics-server.log"), "ab")
+        self.proc = subprocess.Popen([
+            built.stdout.strip(), f"--kubeconfig={node.kubeconfig}", f"--authentication-kubeconfig={node.kubeconfig}",
+            f"--authorization-kubeconfig={node.kubeconfig}", f"--secure-port={self.port}", "--bind-address=127.0.0.1",
+            f"--cert-dir={node.dir}/metrics-server-certs", "--kubelet-insecure-tls",
+            "--kubelet-preferred-address-types=InternalIP", "--kubelet-use-node-status-port", "--metric-resolution=15s",
+            "--v=2"],
+            stdout=self.log, stderr=subprocess.STDOUT)
+
+    def pod(self, name: str) -> Dict:
+        import ssl
+        import urllib.request
+
+        from tests.k8s.controlplane import TOKEN
+
+        context = ssl.create_default_context()
+        context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+        request = urllib.request.Request(
+            f"https://127.0.0.1:{self.port}/apis/metrics.k8s.io/v1beta1/namespaces/default/pods?labelSelector=app%3D"
+            f"{name}", headers={"Authorization": f"Bearer {TOKEN}"})
+        try:
+            with urllib.request.urlopen(request, context=context, timeout=5) as answer:
+                items = json.load(answer)["items"]
+        except OSError as exc:  # wait_for keeps the last one: what a timeout says
+            raise RuntimeError(f"{exc}: {exc.read()[:300]!r}" if hasattr(exc, "read") else str(exc)) from None
+        if not items:
+            raise RuntimeError("no item yet")
+        return items[0]
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            self.proc.wait(timeout=30)
+            self.log.close()
+
+
+def millicpu_of(item: Dict) -> int:
+    """A PodMetrics' cpu over its containers, in millicpu (Tidal writes ``990m``, metrics-server nanocores)."""
+    scale = {"n": 1e-6, "u": 1e-3, "m": 1.0}
+    return round(sum(float(q[:-1]) * scale[q[-1]] if q[-1] in scale else float(q) * 1000
+                     for q in (c["usage"]["cpu"] for c in item["containers"])))
+
+
+def seconds_old(item: Dict) -> float:
+    from datetime import datetime, timezone
+
+    stamp = item["timestamp"].rstrip("Z").split(".")[0]
+    return (datetime.now(timezone.utc) - datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%S").replace(
+        tzinfo=timezone.utc)).total_seconds()
+
+
+def process_cost(match) -> Optional[Dict[str, float]]:
+    """cpu seconds and RSS (MiB) of the first process whose command line ``match`` accepts."""
+    import psutil
+
+    for proc in psutil.process_iter(["cmdline"]):
+        if match(proc.info["cmdline"] or []):
+            times = proc.cpu_times()
+            return {"cpu_s": round(times.user + times.system, 2), "rss_mib": round(proc.memory_info().rss / 2**20, 1),
+                    "pid": proc.pid, "cmd": " ".join(proc.info["cmdline"][:4])}
+    return None
+
+
 def test_the_hpa_scales_a_deployment_on_the_use_the_agent_measured(node):
     """`tidal cluster metrics` from the chart (metrics.enabled) serves metrics.k8s.io from the DaemonSet agent's
     NodeUsage reports, in place of metrics-server; Kubernetes' own HPA scales a Deployment on it, and kubectl top
-    reads it. What the agent reported for a pod is checked against the container's own cpu counter."""
+    reads it. What the agent reported for a pod is checked against the container's own cpu counter, with
+    metrics-server's figure for the same pod beside it."""
     tls = os.path.join(node.dir, "metrics-tls")
     os.makedirs(tls, exist_ok=True)
     subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=tidal-metrics",
@@ -502,6 +582,7 @@ def test_the_hpa_scales_a_deployment_on_the_use_the_agent_measured(node):
     # no CNI plugin on this node: every pod of the tier is hostNetwork (its port is the node's)
     node.kubectl("-n", "tidal-system", "patch", "deployment", "tidal-metrics", "--type=merge", "-p",
                  '{"spec": {"template": {"spec": {"hostNetwork": true}}}}', check=True)
+    peer = MetricsServer(node)
     name = f"burn-{uuid.uuid4().hex[:6]}"
     try:
         wait_for(lambda: any(c["type"] == "Available" and c["status"] == "True" for c in
@@ -529,8 +610,17 @@ def test_the_hpa_scales_a_deployment_on_the_use_the_agent_measured(node):
         before, at = int(open(f"{cgroup}/cpuacct.usage").read()), time.monotonic()
         wait_for(lambda: reported()["timestamp"] != first["timestamp"] or None, "the next report", timeout=40)
         truth = (int(open(f"{cgroup}/cpuacct.usage").read()) - before) / 1e6 / (time.monotonic() - at)
-        shown = int(reported()["containers"][0]["usage"]["cpu"].rstrip("m"))
+        ours = reported()
+        shown = millicpu_of(ours)
         assert truth > 300 and abs(shown - truth) / truth < 0.2, (shown, truth)
+        row = {"agent_millicpu": shown, "cgroup_millicpu": round(truth), "agent_report_age_s": round(seconds_old(ours), 1)}
+        if peer.proc is not None:
+            theirs = wait_for(lambda: peer.pod(name), "metrics-server's figure for the pod", timeout=90)
+            row.update(metrics_server_millicpu=millicpu_of(theirs), metrics_server_age_s=round(seconds_old(theirs), 1))
+            # the peer's own figure of the same steady pod: the comparison is of like with like
+            assert abs(row["metrics_server_millicpu"] - truth) / truth < 0.2, row
+        else:
+            row["metrics_server"] = peer.why
         # Kubernetes' HPA (made only now: replicas it added would change the figure inside the window above),
         # on that figure: ~10x the pod's request, so the most replicas it may have
         node.kubectl("autoscale", "deployment", name, "--cpu=50%", "--min=1", "--max=3", check=True)
@@ -539,12 +629,29 @@ def test_the_hpa_scales_a_deployment_on_the_use_the_agent_measured(node):
             node.get("hpa", name)), "the HPA to scale to 3", timeout=120)
         (metric,) = hpa["status"]["currentMetrics"]
         assert metric["resource"]["current"]["averageUtilization"] > 50
-        print(json.dumps({"agent_millicpu": shown, "cgroup_millicpu": round(truth), "hpa_to_3_s": round(
-            time.monotonic() - made, 1), "hpa_utilization_percent": metric["resource"]["current"]["averageUtilization"]}))
+        row.update(hpa_to_3_s=round(time.monotonic() - made, 1),
+                   hpa_utilization_percent=metric["resource"]["current"]["averageUtilization"])
+        # each server's own cost over the same quiet 30 s, each asked for the pods once every 5 s (and Tidal's by
+        # the HPA too, every 15 s): cpu ms a second, RSS
+        costs = {"tidal_metrics": lambda c: "cluster" in c and "metrics" in c and any(x.endswith("tidal") for x in c[:2]),
+                 "metrics_server": lambda c: bool(c) and c[0].endswith("/metrics-server")}
+        before, started = {k: process_cost(m) for k, m in costs.items()}, time.monotonic()
+        while time.monotonic() - started < 30:
+            reported()
+            if peer.proc is not None:
+                peer.pod(name)
+            time.sleep(5)
+        spent = time.monotonic() - started
+        for key, match in costs.items():
+            now, then = process_cost(match), before[key]
+            row[f"{key}_cost"] = {"cpu_ms_per_s": round((now["cpu_s"] - then["cpu_s"]) * 1000 / spent, 2),
+                                  "rss_mib": now["rss_mib"], "cmd": now["cmd"]} if now and then else None
+        print("metrics beside metrics-server:", json.dumps(row))
         top = node.kubectl("top", "pod", "-l", f"app={name}", check=True).stdout
         assert name in top and "m " in top, top
         assert node.kubectl("top", "node", check=True).stdout.count(node.name) == 1
     finally:
+        peer.stop()
         node.kubectl("delete", "hpa", name, "--wait=true", "--timeout=30s")
         node.kubectl("delete", "deployment", name, "--wait=true", "--timeout=60s")
         helm(node, "upgrade", "tidal", f"{REPO}/deploy/helm/tidal", "--namespace", "tidal-system", "--reuse-values",

@@ -294,3 +294,19 @@ def test_a_silent_caller_is_dropped_and_others_are_served_meanwhile(tmp_path):
             sock.close()
     finally:
         metrics.stop()
+
+
+@pytest.mark.parametrize("token", ["bearer tok-123", "Bearer tok-123", "tok-123"],
+                         ids=["in-cluster", "kubeconfig", "bare"])
+def test_the_lean_client_sends_the_token_however_the_loader_spelled_it(token):
+    """The in-cluster loader keeps the service account's token as ``bearer <t>``: the lean client (the metrics
+    server's and the scheduler's watches) sent ``Bearer bearer <t>`` in a pod, and every call was a 401."""
+    from kubernetes.client import Configuration
+
+    from kube.rest import Rest
+
+    config = Configuration()
+    config.host = "https://10.0.0.1:443"
+    config.api_key = {"authorization": token}
+    rest = Rest.from_config(config)
+    assert rest.headers["Authorization"] == "Bearer tok-123" and (rest.host, rest.port) == ("10.0.0.1", 443)
