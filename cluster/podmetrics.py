@@ -22,9 +22,9 @@ Who may call: the API server's aggregation layer, which authenticates and author
 ``pods.metrics.k8s.io``) before it forwards, and proves itself with its front-proxy client certificate.
 ``client_ca`` (read from the ``kube-system/extension-apiserver-authentication`` ConfigMap, the
 ``requestheader-client-ca-file`` the API server publishes) makes that certificate required, and
-``requestheader-allowed-names`` its common name: a caller that reaches the port
-with another CA's certificate has its handshake refused, one without a certificate or with another name a
-401 (the health paths, which the kubelet probes without one, excepted).
+``requestheader-allowed-names`` its common name: a caller that reaches the port with another CA's
+certificate has its handshake refused, one without a certificate or with another name a 401 (the health
+paths, which the kubelet probes without one, excepted).
 """
 
 from __future__ import annotations
@@ -65,13 +65,15 @@ class TidalMetrics(ResourceMetricsAPI):
         self.clock = clock
         self._lock = threading.Lock()
         self._usage: Dict[str, nodeusage.NodeUsage] = {}  # node -> its last report
+        # node -> namespace -> its pods there: an HPA asks for one namespace, never scanning every pod
+        self._by_namespace: Dict[str, Dict[str, List[nodeusage.PodUsage]]] = {}
         self._pods: Dict[Tuple[str, str], Tuple[str, Dict[str, str]]] = {}  # (namespace, name) -> (uid, labels)
         self.refused: Dict[str, str] = {}  # node -> why its object is not read (logged once)
 
     # the watches ----------------------------------------------------------------------------
     def on_usage_list(self, objects: Sequence[Dict[str, Any]]) -> None:
         with self._lock:
-            self._usage = {}
+            self._usage, self._by_namespace = {}, {}
         for obj in objects:
             self.on_usage("ADDED", obj)
 
@@ -80,6 +82,7 @@ class TidalMetrics(ResourceMetricsAPI):
         if kind == "DELETED":
             with self._lock:
                 self._usage.pop(name, None)
+                self._by_namespace.pop(name, None)
             return
         try:
             usage = nodeusage.parse(obj)
@@ -89,10 +92,15 @@ class TidalMetrics(ResourceMetricsAPI):
             self.refused[name] = str(exc)
             with self._lock:
                 self._usage.pop(name, None)
+                self._by_namespace.pop(name, None)
             return
         self.refused.pop(name, None)
+        by_namespace: Dict[str, List[nodeusage.PodUsage]] = {}
+        for pod in usage.pods:
+            by_namespace.setdefault(pod.namespace, []).append(pod)
         with self._lock:
             self._usage[name] = usage
+            self._by_namespace[name] = by_namespace
 
     def on_pod_list(self, pods: Sequence[Dict[str, Any]]) -> None:
         with self._lock:
@@ -120,8 +128,11 @@ class TidalMetrics(ResourceMetricsAPI):
                   name: Optional[str] = None) -> List[Dict[str, Any]]:
         items = []
         for usage in self._fresh():
-            for pod in usage.pods:
-                if (namespace is not None and pod.namespace != namespace) or (name is not None and pod.name != name):
+            with self._lock:
+                pods = usage.pods if namespace is None else \
+                    self._by_namespace.get(usage.node, {}).get(namespace, ())
+            for pod in pods:
+                if name is not None and pod.name != name:
                     continue
                 with self._lock:
                     uid, labels = self._pods.get((pod.namespace, pod.name), ("", {}))
