@@ -735,8 +735,13 @@ class Agent:
     def run(self) -> int:
         from agent import sdnotify
 
+        import faulthandler
+
         # handlers first: a SIGTERM that arrives while starting must still stop cleanly
         previous = {sig: signal.signal(sig, self.stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+        # SIGUSR1: every thread's stack on stderr (the journal, the pod's log), the agent running on: what an
+        # agent that does not stop, or stalls, is doing (docs/operations.md)
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
         try:
             self.start()
             self.serve()
