@@ -172,14 +172,12 @@ class TidalMetrics(ResourceMetricsAPI):
         return threads
 
 
-def front_proxy(core_api) -> Tuple[Optional[str], List[str]]:
+def front_proxy(rest) -> Tuple[Optional[str], List[str]]:
     """(the front-proxy client CA as PEM, the allowed common names) the API server publishes in
     ``kube-system/extension-apiserver-authentication``; (None, []) when it publishes none (an API server
-    without ``--requestheader-client-ca-file``)."""
-    from kube import timeouts
-
-    config = core_api.read_namespaced_config_map(AUTH_CONFIGMAP[1], AUTH_CONFIGMAP[0], _request_timeout=timeouts.CALL)
-    data = config.data or {}
+    without ``--requestheader-client-ca-file``). ``rest``: ``kube.rest.Rest``."""
+    config = rest.json("GET", f"/api/v1/namespaces/{AUTH_CONFIGMAP[0]}/configmaps/{AUTH_CONFIGMAP[1]}") or {}
+    data = config.get("data") or {}
     ca = data.get("requestheader-client-ca-file") or None
     try:
         names = json.loads(data.get("requestheader-allowed-names") or "[]")

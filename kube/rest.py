@@ -6,15 +6,18 @@ which at a thousand bindings a second is a core of its own. The scheduler and
 its benchmark speak to the API server through this instead: one keep-alive
 HTTP/1.1 connection per thread (``http.client``), bodies as bytes, answers as
 bytes or JSON, watches as a stream of JSON lines. What it connects with (the
-server, the CA, the token or client certificate) comes from the official
-client's ``Configuration``, so a kubeconfig or the in-cluster service account
-work as everywhere else in Tidal.
+server, the CA, the token or client certificate) comes from a kubeconfig through the official
+client's loader, or, in a pod, from the service account the kubelet mounts (``connect``). The
+node agent, ``tidal cluster metrics`` and the scheduler run in pods through this alone: importing
+the official client costs a process about 30 MiB of memory (its thousand model classes) and the
+agent's calls need none of them.
 """
 
 from __future__ import annotations
 
 import http.client
 import json
+import os
 import ssl
 import threading
 import time
@@ -42,7 +45,9 @@ class ApiError(Exception):
         self.message = message
 
 
-SA_TOKEN = "/var/run/secrets/kubernetes.io/serviceaccount/token"
+SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+SA_TOKEN = f"{SA_DIR}/token"
+SA_CA = f"{SA_DIR}/ca.crt"
 
 
 class Rest:
@@ -52,8 +57,12 @@ class Rest:
     service-account token (in a pod) is read again from its file every minute: the kubelet rotates it."""
 
     def __init__(self, host: str, port: int, tls: Optional[dict], headers: Dict[str, str],
-                 timeout: float = timeouts.READ_SECONDS, token_file: Optional[str] = None) -> None:
+                 timeout: float = timeouts.READ_SECONDS, token_file: Optional[str] = None,
+                 refresh=None) -> None:
+        """``refresh``: the kubeconfig loader's ``(hook, configuration)`` for a token that expires (an exec
+        plugin's): called with the token file's rhythm, the new token taken from the configuration."""
         self.host, self.port = host, port
+        self.refresh = refresh
         self.tls_spec = tls  # {"cafile", "verify", "certfile", "keyfile"} or None for plain HTTP
         self.tls = _context(tls) if tls is not None else None
         self.headers = dict(headers)
@@ -72,19 +81,45 @@ class Rest:
 
     def with_timeout(self, timeout: float) -> "Rest":
         """The same server and credentials, with another read timeout (a long call: a large deletion)."""
-        return Rest(self.host, self.port, self.tls_spec, self.headers, timeout, self.token_file)
+        return Rest(self.host, self.port, self.tls_spec, self.headers, timeout, self.token_file, self.refresh)
 
     @classmethod
-    def from_config(cls, configuration) -> "Rest":
+    def in_cluster(cls, user_agent: str = "tidal", environ=None, token_file: Optional[str] = None,
+                   ca_file: Optional[str] = None) -> Optional["Rest"]:
+        """In a pod: the API server's service address from the environment the kubelet sets, its CA and the
+        pod's service-account token from the files it mounts (the token read again as it rotates). ``None``
+        outside a pod (no such environment or token)."""
+        environ = os.environ if environ is None else environ
+        token_file, ca_file = token_file or SA_TOKEN, ca_file or SA_CA
+        host, port = environ.get("KUBERNETES_SERVICE_HOST"), environ.get("KUBERNETES_SERVICE_PORT")
+        if not host or not port:
+            return None
+        try:
+            with open(token_file) as handle:
+                token = handle.read().strip()
+        except OSError:
+            return None
+        if not token:
+            return None
+        try:
+            number = int(port)
+        except ValueError:
+            raise ValueError(f"KUBERNETES_SERVICE_PORT {port!r} is not a port") from None
+        headers = {"Accept": "application/json", "Content-Type": "application/json", "User-Agent": user_agent,
+                   "Authorization": "Bearer " + token}
+        return cls(host.strip("[]"), number, {"cafile": ca_file, "verify": True, "certfile": None, "keyfile": None},
+                   headers, token_file=token_file)
+
+    @classmethod
+    def from_config(cls, configuration, user_agent: str = "tidal-scheduler") -> "Rest":
         """From a ``kubernetes.client.Configuration`` (kubeconfig or in-cluster, already loaded)."""
         url = urlsplit(configuration.host)
         tls = None
         if url.scheme == "https":
             tls = {"cafile": configuration.ssl_ca_cert or None, "verify": bool(configuration.verify_ssl),
                    "certfile": configuration.cert_file or None, "keyfile": configuration.key_file or None}
-        headers = {"Accept": "application/json", "Content-Type": "application/json",
-                   "User-Agent": "tidal-scheduler"}
-        token = (configuration.api_key or {}).get("authorization") or (configuration.api_key or {}).get("BearerToken")
+        headers = {"Accept": "application/json", "Content-Type": "application/json", "User-Agent": user_agent}
+        token = _token(configuration)
         token_file = None
         if token:
             # a kubeconfig's token comes as "Bearer <t>", the in-cluster loader's as "bearer <t>"
@@ -97,17 +132,27 @@ class Rest:
             except OSError:
                 pass
         port = url.port or (443 if url.scheme == "https" else 80)
-        return cls(url.hostname or "127.0.0.1", port, tls, headers, token_file=token_file)
+        hook = getattr(configuration, "refresh_api_key_hook", None)
+        return cls(url.hostname or "127.0.0.1", port, tls, headers, token_file=token_file,
+                   refresh=(hook, configuration) if hook is not None and token else None)
 
     def _refresh_token(self) -> None:
-        if self.token_file is None or time.monotonic() - self._token_read < 60:
+        if (self.token_file is None and self.refresh is None) or time.monotonic() - self._token_read < 60:
             return
         self._token_read = time.monotonic()
         try:
-            with open(self.token_file) as handle:
-                self.headers = {**self.headers, "Authorization": "Bearer " + handle.read().strip()}
-        except OSError:
-            pass  # keep the one we have; the API server will say if it expired
+            if self.token_file is not None:
+                with open(self.token_file) as handle:
+                    token = handle.read().strip()
+            else:  # the kubeconfig loader's hook renews what expires (an exec plugin's token)
+                hook, configuration = self.refresh
+                hook(configuration)
+                token = _token(configuration) or ""
+                token = token.split(" ", 1)[1] if token[:7].lower() == "bearer " else token
+        except Exception:  # noqa: BLE001 - keep the one we have; the API server will say if it expired
+            return
+        if token:
+            self.headers = {**self.headers, "Authorization": "Bearer " + token}
 
     def _connection(self, timeout: Optional[float] = None) -> http.client.HTTPConnection:
         if self.tls is not None:
@@ -169,6 +214,29 @@ class Rest:
                     yield _loads(line)
         finally:
             conn.close()
+
+
+def _token(configuration) -> Optional[str]:
+    keys = configuration.api_key or {}
+    return keys.get("authorization") or keys.get("BearerToken")
+
+
+def connect(kubeconfig: Optional[str] = None, user_agent: str = "tidal") -> Rest:
+    """The API server Tidal talks to: the kubeconfig given; else, in a pod, its service account (without
+    importing the official client); else the default kubeconfig (``$KUBECONFIG``, ``~/.kube/config``).
+    A kubeconfig is read by the official client's loader (contexts, client certificates, exec plugins).
+    Raises ``ValueError`` with one line when none can be configured."""
+    if not kubeconfig:
+        rest = Rest.in_cluster(user_agent)
+        if rest is not None:
+            return rest
+    from kubernetes import config
+
+    try:
+        api = config.new_client_from_config(config_file=kubeconfig or None)
+    except Exception as exc:  # noqa: BLE001 - the loader's many failures, as one line
+        raise ValueError(f"no Kubernetes API server configured: {exc}") from None
+    return Rest.from_config(api.configuration, user_agent)
 
 
 def _context(tls: dict) -> ssl.SSLContext:

@@ -33,6 +33,17 @@ def serve_until_stopped(stop) -> None:
         pass
 
 
+def kube_rest(kubeconfig: Optional[str], user_agent: str):
+    """The lean client (``kube.rest``): the given kubeconfig, else in-cluster (without importing the official
+    client), else the default kubeconfig."""
+    from kube.rest import connect
+
+    try:
+        return connect(kubeconfig, user_agent)
+    except (ValueError, OSError) as exc:
+        raise TidalError(f"cannot configure a Kubernetes client: {exc}") from None
+
+
 def kube_client(kubeconfig: Optional[str]):
     """An API client: the given kubeconfig, else in-cluster, else the default kubeconfig."""
     from kubernetes import client, config
@@ -138,14 +149,13 @@ def cluster_scheduler(kubeconfig, scheduler_name: str, policy: str, shards: int,
     import signal
     import threading
 
-    from kube.rest import Rest
     from cluster.scheduler.service import Scheduler
 
     if pod_initial_backoff > pod_max_backoff:
         raise TidalError(f"--pod-initial-backoff {pod_initial_backoff:g} is above --pod-max-backoff "
                          f"{pod_max_backoff:g}")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    rest = Rest.from_config(kube_client(kubeconfig).configuration)
+    rest = kube_rest(kubeconfig, "tidal-scheduler")
     if bind_processes is None:
         bind_processes = min(8, (os.cpu_count() or 1) // 4)
     scheduler = Scheduler(rest, scheduler_name, policy, shards, bind_workers, stale_after, batch, fair,
@@ -196,12 +206,10 @@ def cluster_metrics(kubeconfig, port: int, address: str, tls_cert: str, tls_key:
     in place of metrics-server."""
     import threading
 
-    from kubernetes import client
-    from kubernetes.client.exceptions import ApiException
-
     from cluster.podmetrics import TidalMetrics, front_proxy, name_check, require_front_proxy, tls_context
     from contracts import nodeusage
-    from kube import timeouts
+    from kube.crd import check_crd
+    from kube.rest import ApiError
 
     context = tls_context(tls_cert, tls_key)
     allowed = []
@@ -212,13 +220,14 @@ def cluster_metrics(kubeconfig, port: int, address: str, tls_cert: str, tls_key:
                 ca_pem = handle.read()
         except (OSError, UnicodeDecodeError) as exc:
             raise TidalError(f"--client-ca {client_ca}: {getattr(exc, 'strerror', None) or exc}") from None
-    api = kube_client(kubeconfig)
+    rest = kube_rest(kubeconfig, "tidal-metrics")
     if ca_pem is None:
         try:
-            ca_pem, allowed = front_proxy(client.CoreV1Api(api))
-        except ApiException as exc:
+            ca_pem, allowed = front_proxy(rest)
+        except ApiError as exc:
             raise TidalError(f"cannot read the API server's front-proxy CA (kube-system/extension-apiserver-"
-                             f"authentication): {exc.status} {exc.reason}; give --client-ca") from None
+                             f"authentication): {exc.status} {' '.join(exc.message.split())[:200]}; give "
+                             f"--client-ca") from None
         except Exception as exc:  # noqa: BLE001 - the API server unreachable: one line
             raise TidalError(f"cannot reach the API server: {exc}") from None
         if ca_pem is None and not insecure:
@@ -226,20 +235,13 @@ def cluster_metrics(kubeconfig, port: int, address: str, tls_cert: str, tls_key:
                              "--client-ca, or --insecure to serve any caller")
     if ca_pem:
         require_front_proxy(context, ca_pem)
-    try:
-        client.CustomObjectsApi(api).list_cluster_custom_object(nodeusage.GROUP, nodeusage.VERSION, nodeusage.PLURAL,
-                                                                limit=1, _request_timeout=timeouts.CALL)
-    except ApiException as exc:
-        raise TidalError(f"cannot list NodeUsage objects ({nodeusage.PLURAL}.{nodeusage.GROUP}): {exc.status} "
-                         f"{exc.reason}" + ("; kubectl apply -f deploy/crd-nodeusage.yaml" if exc.status == 404
-                                            else "")) from None
-    except Exception as exc:  # noqa: BLE001 - the API server unreachable: one line
-        raise TidalError(f"cannot reach the API server: {exc}") from None
-    from kube.rest import Rest
-
+    check_crd(lambda: rest.json("GET", f"/apis/{nodeusage.GROUP}/{nodeusage.VERSION}/{nodeusage.PLURAL}?limit=1"),
+              TidalError, missing=f"cannot list NodeUsage objects ({nodeusage.PLURAL}.{nodeusage.GROUP}): 404 "
+                                  f"(not installed); kubectl apply -f deploy/crd-nodeusage.yaml",
+              what=f"NodeUsage objects ({nodeusage.PLURAL}.{nodeusage.GROUP})")
     metrics = TidalMetrics(stale_after=stale_after)
     stop = threading.Event()
-    metrics.watch(Rest.from_config(api.configuration), stop)
+    metrics.watch(rest, stop)
     try:
         bound = metrics.serve(context, address, port,
                               authorize=name_check(allowed) if ca_pem else None)

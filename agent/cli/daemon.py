@@ -14,7 +14,7 @@ import click
 from agent.errors import TidalError
 from contracts.eviction import TIERS
 from agent.cli import FiniteRange, ROOT_OPTION, SOCKET_OPTION, main
-from agent.cli.cluster import kube_client
+from agent.cli.cluster import kube_rest
 
 
 def parse_cpulist_option(option: str, value):
@@ -255,11 +255,11 @@ def agent(root: str, socket_path: str, state_dir: str, reserved_cpus, period: fl
     if kube_node:
         from agent.k8s.node import KubeNodeAgent
 
-        api = kube_client(kubeconfig)
+        rest = kube_rest(kubeconfig, "tidal-agent")
         holder = {}
 
         def on_start():  # once the agent has its state: pods, reports, lending
-            holder["k8s"] = KubeNodeAgent(agent, api, kube_node, kubelet_driver=kubelet_cgroup_driver,
+            holder["k8s"] = KubeNodeAgent(agent, rest, kube_node, kubelet_driver=kubelet_cgroup_driver,
                                           topology_policy=topology_policy, kubelet_root=kubelet_root_dir,
                                           pod_usage_period=pod_usage_period)
             holder["k8s"].start()

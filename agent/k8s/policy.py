@@ -10,10 +10,10 @@ a node runs is always one object's generation, which ``tidal status``, the NRT r
 config file) is kept over the policy's (``agent.tunables.resolve``). When no policy matches any more,
 the node goes back to its own settings.
 
-The policies are list-watched (``kube.listwatch``): a change reaches the agent as the API server's
-event, and is applied at once; the node's labels are read with every report (``KubeNodeAgent``), so a
-relabelled node changes policy within one report period. Without the CRD installed the watch retries
-quietly and the node keeps its own settings.
+The policies are list-watched (``kube.rest.list_watch_raw``): a change reaches the agent as the API
+server's event, and is applied at once; so are the node's labels (``KubeNodeAgent`` watches its Node),
+so a relabelled node changes policy as the event arrives. Without the CRD installed the watch looks again
+every 10 s, quietly, and the node keeps its own settings.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import logging
 import threading
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
 
-from kube.listwatch import list_watch
+from kube.rest import list_watch_raw
 
 log = logging.getLogger("tidal.k8s")
 GROUP, VERSION, PLURAL, KIND = "tidal.io", "v1alpha1", "tidalpolicies", "TidalPolicy"
@@ -70,9 +70,10 @@ def choose(policies: Iterable[Mapping[str, Any]], labels: Mapping[str, str]) -> 
 
 
 class PolicyWatcher:
-    def __init__(self, agent, custom_api, stop: threading.Event, resync: float = 60.0) -> None:
+    def __init__(self, agent, rest, stop: threading.Event, resync: float = 60.0) -> None:
+        """``rest``: the API server (``kube.rest.Rest``); ``resync``: seconds a watch runs before it is renewed."""
         self.agent = agent
-        self.custom = custom_api
+        self.rest = rest
         self.stop = stop
         self.resync = resync
         self.objects: Dict[str, Dict[str, Any]] = {}
@@ -86,9 +87,8 @@ class PolicyWatcher:
         return thread
 
     def _watch(self) -> None:
-        list_watch(self.custom.list_cluster_custom_object, GROUP, VERSION, PLURAL, on_list=self._on_list,
-                   on_event=self._on_event, stop=self.stop, what=f"cluster policies ({PLURAL}.{GROUP})",
-                   timeout_seconds=int(self.resync))
+        list_watch_raw(self.rest, f"/apis/{GROUP}/{VERSION}/{PLURAL}", self._on_list, self._on_event, self.stop,
+                       f"cluster policies ({PLURAL}.{GROUP})", timeout_seconds=max(1, int(self.resync)))
 
     def _on_list(self, items: List[Dict[str, Any]]) -> None:
         with self.lock:

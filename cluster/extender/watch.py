@@ -8,6 +8,7 @@ from typing import Any, Dict
 
 from contracts.nrt import GROUP, PLURAL, VERSION
 from contracts.nrt import decode as to_report
+from kube import timeouts
 from kube.crd import check_crd
 from kube.listwatch import list_watch
 from cluster.placement.model import PlacementError
@@ -29,7 +30,8 @@ class NrtWatcher(threading.Thread):
 
     def check_crd(self) -> None:
         """Fail at start, with one line, when the CRD is not installed."""
-        check_crd(self.api, PlacementError)
+        check_crd(lambda: self.api.list_cluster_custom_object(GROUP, VERSION, PLURAL, limit=1,
+                                                              _request_timeout=timeouts.CALL), PlacementError)
 
     def _ingest(self, obj: Dict[str, Any]) -> None:
         try:

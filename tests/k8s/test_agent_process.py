@@ -24,6 +24,7 @@ name that cleanup (and ``make clean-test-leftovers``) can find.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -134,6 +135,24 @@ def nrt_cpu_free(api, node):
     return free
 
 
+def api_requests(api):
+    """The API server's own count of the requests it served, by (verb, resource): ``apiserver_request_total``
+    from its /metrics, summed over the other labels."""
+    import re
+
+    from kube.rest import Rest
+
+    status, body = Rest.from_config(api.configuration, "tidal-test").call("GET", "/metrics")
+    assert status == 200, body[:200]
+    counts = {}
+    for line in body.decode().splitlines():
+        if line.startswith("apiserver_request_total{"):
+            labels = dict(re.findall(r'(\w+)="([^"]*)"', line[:line.rindex("}")]))
+            key = (labels.get("verb"), labels.get("resource"))
+            counts[key] = counts.get(key, 0) + float(line.rsplit(" ", 1)[1])
+    return counts
+
+
 def _remove_test_tree(base):
     """Every hierarchy's ``base`` tree; the paths that stayed."""
     return [path for path in (os.path.join("/sys/fs/cgroup", root, base) for root in os.listdir("/sys/fs/cgroup"))
@@ -193,7 +212,16 @@ def test_the_daemonset_agent_keeps_its_pods_and_frees_them_on_deletion(plane, ap
             wait_for(lambda: open(f"{pod_dir}/cpuset.cpus").read().strip() == solo["cpus"],
                      "the pod's cpuset written by the agent")
         start = time.monotonic()
+        before = api_requests(api)
         time.sleep(HOLD_SECONDS)
+        served = {key: round(count - before.get(key, 0)) for key, count in api_requests(api).items()
+                  if count > before.get(key, 0)}
+        # what the agents cost the API server while nothing changed (this test asks nothing meanwhile): their
+        # Node and their pods are watched, each watch renewed from where it was (no relist), and nothing is
+        # read each period (an agent that read its Node every second was 90 reads of etcd here)
+        print(f"API requests over {HOLD_SECONDS} s, {len(agents)} agent(s):", json.dumps(
+            {f"{verb} {resource}": n for (verb, resource), n in sorted(served.items())}))
+        assert not {key: n for key, n in served.items() if key[0] in ("GET", "LIST") and key[1] in ("nodes", "pods")}, served
 
         # after 90 s with every default: still allocated, disjoint, and reported as taken
         now = agents["hwloc"].workloads()

@@ -28,6 +28,7 @@ def test_a_missing_crd_is_a_clear_error_at_start(plane, api, hwloc_topologies, t
     from agent.daemon import Agent, AgentConfig
     from agent.k8s.node import KubeError, KubeNodeAgent
     from cluster.extender import NrtWatcher, TopologyCache
+    from kube.rest import Rest
     from cluster.placement.model import PlacementError
 
     agent = Agent(AgentConfig(state_dir=str(tmp_path_factory.mktemp("nocrd")), cgroups_in_memory=True,
@@ -35,7 +36,7 @@ def test_a_missing_crd_is_a_clear_error_at_start(plane, api, hwloc_topologies, t
                   topology=hwloc_topologies["16amd64-8n2c"])
     agent.start()
     with pytest.raises(KubeError, match="NodeResourceTopology CRD .* is not installed: kubectl apply -f deploy/"):
-        KubeNodeAgent(agent, api, "n-small").check()
+        KubeNodeAgent(agent, Rest.from_config(api.configuration, "tidal-agent"), "n-small").check()
     with pytest.raises(PlacementError, match="CRD .* is not installed"):
         NrtWatcher(TopologyCache(), api, threading.Event()).check_crd()
 
@@ -48,6 +49,7 @@ def cluster(plane, api, hwloc_topologies, tmp_path_factory):
     from agent.daemon import Agent, AgentConfig
     from agent.k8s.node import KubeNodeAgent
     from cluster.extender import NrtWatcher, TopologyCache, serve
+    from kube.rest import Rest
 
     install_manifests(api, "rbac.yaml", "agent-daemonset.yaml", "extender.yaml")  # accepted by a real API server
     core = client.CoreV1Api(api)
@@ -79,7 +81,8 @@ def cluster(plane, api, hwloc_topologies, tmp_path_factory):
                 agent.tick()
 
         threading.Thread(target=tick, daemon=True).start()
-        node_agent = KubeNodeAgent(agent, api, name, resync=5, report_period=0.3, notice="1s")
+        node_agent = KubeNodeAgent(agent, Rest.from_config(api.configuration, "tidal-agent"), name, resync=5,
+                                   report_period=0.3, notice="1s")
         node_agent.start()
         agents[name], nodes[name] = node_agent, topo
     cache = TopologyCache(stale_after=60)

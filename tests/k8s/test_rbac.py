@@ -70,6 +70,8 @@ def test_the_token_of_a_daemonset_pod_names_its_node(plane, agent_token):
 
 @pytest.mark.parametrize("verb, resource, want", [
     ("get", "nodes/n-own", "yes"), ("patch", "nodes/n-own", "yes"), ("list", "pods", "yes"),
+    # its Node watched (a field selector on its name; RBAC cannot bound a watch to the token's node)
+    ("watch", "nodes", "yes"), ("list", "nodes", "yes"),
     ("delete", "nodes/n-other", "no"), ("create", "pods", "no"), ("get", "secrets", "no"),
     ("create", "pods/eviction", "no"), ("create", "pods/binding", "no"), ("delete", "noderesourcetopologies", "no"),
     # the cluster policies: read (watched), never written by an agent

@@ -561,8 +561,12 @@ def process_cost(match) -> Optional[Dict[str, float]]:
     for proc in psutil.process_iter(["cmdline"]):
         if match(proc.info["cmdline"] or []):
             times = proc.cpu_times()
+            with open(f"/proc/{proc.pid}/status") as handle:  # what the RSS is made of
+                status = dict(line.split(":", 1) for line in handle if ":" in line)
             return {"cpu_s": round(times.user + times.system, 2), "rss_mib": round(proc.memory_info().rss / 2**20, 1),
-                    "pid": proc.pid, "cmd": " ".join(proc.info["cmdline"][:4])}
+                    "anon_mib": round(int(status["RssAnon"].split()[0]) / 1024, 1),
+                    "file_mib": round(int(status["RssFile"].split()[0]) / 1024, 1),
+                    "threads": int(status["Threads"]), "pid": proc.pid, "cmd": " ".join(proc.info["cmdline"][:4])}
     return None
 
 
@@ -634,7 +638,10 @@ def test_the_hpa_scales_a_deployment_on_the_use_the_agent_measured(node):
         # each server's own cost over the same quiet 30 s, each asked for the pods once every 5 s (and Tidal's by
         # the HPA too, every 15 s): cpu ms a second, RSS
         costs = {"tidal_metrics": lambda c: "cluster" in c and "metrics" in c and any(x.endswith("tidal") for x in c[:2]),
-                 "metrics_server": lambda c: bool(c) and c[0].endswith("/metrics-server")}
+                 "metrics_server": lambda c: bool(c) and c[0].endswith("/metrics-server"),
+                 # and the agent that measured the pods (the DaemonSet's, in its pod), for its own figure
+                 "tidal_agent": lambda c: "agent" in c[:3] and "--kube-node" in c and any(x.endswith("tidal")
+                                                                                           for x in c[:2])}
         before, started = {k: process_cost(m) for k, m in costs.items()}, time.monotonic()
         while time.monotonic() - started < 30:
             reported()
@@ -645,7 +652,8 @@ def test_the_hpa_scales_a_deployment_on_the_use_the_agent_measured(node):
         for key, match in costs.items():
             now, then = process_cost(match), before[key]
             row[f"{key}_cost"] = {"cpu_ms_per_s": round((now["cpu_s"] - then["cpu_s"]) * 1000 / spent, 2),
-                                  "rss_mib": now["rss_mib"], "cmd": now["cmd"]} if now and then else None
+                                  **{k: now[k] for k in ("rss_mib", "anon_mib", "file_mib", "threads", "cmd")}
+                                  } if now and then else None
         print("metrics beside metrics-server:", json.dumps(row))
         top = node.kubectl("top", "pod", "-l", f"app={name}", check=True).stdout
         assert name in top and "m " in top, top

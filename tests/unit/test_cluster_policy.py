@@ -113,7 +113,7 @@ def test_the_watcher_applies_on_events_and_labels_in_order():
             applied.append(None if doc is None else (doc["name"], doc["generation"], doc["agent"]))
             return {}
 
-    watcher = PolicyWatcher(FakeAgent(), custom_api=None, stop=threading.Event())
+    watcher = PolicyWatcher(FakeAgent(), rest=None, stop=threading.Event())
     watcher._on_list([obj("batch", {"matchLabels": {"pool": "batch"}}, memoryPressureThreshold=35)])
     assert applied == []  # the node's labels are not known yet
     watcher.node_labels({"pool": "batch"})

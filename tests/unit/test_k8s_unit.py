@@ -159,11 +159,23 @@ def test_a_pod_is_kept_while_its_processes_are_in_the_kubelets_cgroups_and_tidal
     assert agent.state.get(request.workload).source == "kubernetes"
 
 
-class _NoApi:
-    """The node agent's API objects, never called here (``on_pod`` and relisting use none)."""
+class FakeRest:
+    """``kube.rest.Rest`` as the node agent calls it: each call recorded (method, path, body, content type),
+    answered with ``answers[(method, path)]`` (a dict, or an exception to raise), else ``{}``."""
 
-    def sanitize_for_serialization(self, obj):
-        return obj
+    def __init__(self, answers=None):
+        self.calls, self.answers = [], dict(answers or {})
+        self.host, self.port = "fake", 0
+
+    def json(self, method, path, body=None, ok=(200, 201), content_type=None):
+        self.calls.append((method, path, body, content_type))
+        answer = self.answers.get((method, path), {})
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+
+_NoApi = FakeRest  # the node agent's API, not called where ``on_pod`` and relisting are what is tested
 
 
 def test_a_restarted_node_agent_adopts_its_pods_and_releases_only_unclaimed_ones(topo_dual_socket_ht, tmp_path, make_agent):
@@ -552,7 +564,7 @@ def test_the_pod_watch_and_the_report_loop_never_deadlock(topo_dual_socket_ht, t
     agent = Agent(AgentConfig(state_dir=str(tmp_path / "st"), cgroups_in_memory=True, reserved_cpus=()),
                   echo=lambda line: None, topology=topo_dual_socket_ht)
     agent.start()
-    node = KubeNodeAgent(agent, client.ApiClient(), "n")  # no server: neither path below calls it
+    node = KubeNodeAgent(agent, FakeRest(), "n")  # neither path below calls it
     done = {"watch": 0, "report": 0}
     stop = threading.Event()
 
@@ -580,40 +592,55 @@ def test_the_pod_watch_and_the_report_loop_never_deadlock(topo_dual_socket_ht, t
     assert not node.pods and not node.refused  # every pod admitted was released again
 
 
-def test_an_api_server_that_accepts_and_never_answers_is_an_error_not_a_hang(monkeypatch):
-    """Every call carries a client-side timeout (``agent/k8s/timeouts.py``): without one the client
-    waits forever on a connection that went quiet."""
+@pytest.mark.parametrize("which", ["official", "lean"])
+def test_an_api_server_that_accepts_and_never_answers_is_an_error_not_a_hang(monkeypatch, which):
+    """Every call carries a client-side timeout (``kube/timeouts.py``): without one a client waits forever
+    on a connection that went quiet. The official client (the extender, the lending controller) passes
+    ``_request_timeout``; the lean one (the node agent, the scheduler, the metrics server) has its
+    connection's timeout (here 1 s instead of its 30, the time the test waits)."""
     import socket
     import threading
 
     from kubernetes import client
 
+    from contracts.nrt import GROUP, PLURAL, VERSION
     from kube import timeouts
     from kube.crd import check_crd
+    from kube.rest import Rest
 
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
     server.listen(4)
     held = []
     threading.Thread(target=lambda: held.append(server.accept()), daemon=True).start()
-    config = client.Configuration(host=f"http://127.0.0.1:{server.getsockname()[1]}")
+    port = server.getsockname()[1]
+    config = client.Configuration(host=f"http://127.0.0.1:{port}")
     config.retries = False
     monkeypatch.setattr(timeouts, "CALL", (1.0, 1.0))
     outcome = {}
+    if which == "official":
+        def list_one():
+            return client.CustomObjectsApi(client.ApiClient(config)).list_cluster_custom_object(
+                GROUP, VERSION, PLURAL, limit=1, _request_timeout=timeouts.CALL)
+    else:
+        rest = Rest("127.0.0.1", port, None, {}, timeout=1.0)
+
+        def list_one():
+            return rest.json("GET", f"/apis/{GROUP}/{VERSION}/{PLURAL}?limit=1")
 
     def call():
         try:
-            check_crd(client.CustomObjectsApi(client.ApiClient(config)))
+            check_crd(list_one)
             outcome["result"] = "answered"
         except Exception as exc:  # noqa: BLE001 - what matters is that it returns
-            outcome["result"] = type(exc).__name__
+            outcome["result"] = str(exc)
 
     caller = threading.Thread(target=call, daemon=True)
     caller.start()
     caller.join(timeout=15)
     server.close()
     assert not caller.is_alive(), "the call hung on a silent API server"
-    assert "Timeout" in outcome["result"], outcome
+    assert "timed out" in outcome["result"].lower(), outcome
     assert timeouts.watch(30)[1] > 30  # a quiet but healthy watch outlives the server's own timeout
 
 
@@ -785,3 +812,62 @@ def test_a_kubelet_restarted_with_the_static_cpu_manager_is_a_conflict_in_status
         assert agent.status()["conflicts"] == {}
     finally:
         agent.shutdown()
+
+
+def test_the_node_agent_follows_its_watched_node_and_never_reads_it_each_period(topo_dual_socket_ht, make_agent):
+    """The lending label and the state annotation from the Node as the watch brought it: a report period
+    reads nothing (the agent that read its Node every second made every node of a cluster a read of etcd a
+    second), and the annotation is written once for each state and version of the node, again when
+    someone took it away."""
+    from contracts.states import CURRENT_ANNOTATION, STATE_LABEL
+
+    agent = pod_agent(topo_dual_socket_ht, make_agent, RecordingCgroups())
+    rest = FakeRest()
+    node = KubeNodeAgent(agent, rest, "n1", notice="0s")
+    node.follow_node_label()  # nothing watched yet: nothing done, nothing read
+    assert rest.calls == []
+
+    def watched(version, labels=None, annotations=None):
+        node._on_node({"metadata": {"name": "n1", "resourceVersion": str(version), "labels": labels or {},
+                                    "annotations": annotations or {}}})
+
+    watched(1)
+    for _ in range(5):
+        node.follow_node_label()
+    assert rest.calls == [("PATCH", "/api/v1/nodes/n1", {"metadata": {"annotations": {CURRENT_ANNOTATION: "Online"}}},
+                           "application/strategic-merge-patch+json")]  # once, though five periods passed
+    watched(2, annotations={CURRENT_ANNOTATION: "Online"})  # the watch brings the node as patched
+    node.follow_node_label()
+    assert len(rest.calls) == 1
+    watched(3, labels={STATE_LABEL: "Offline"}, annotations={CURRENT_ANNOTATION: "Online"})  # lent
+    for _ in range(3):
+        agent.tick()
+        node.follow_node_label()
+    assert agent.lending.current.state == "Offline"
+    assert [c[2]["metadata"]["annotations"][CURRENT_ANNOTATION] for c in rest.calls[1:]] == ["Offline"]
+    watched(4, labels={STATE_LABEL: "Offline"})  # someone took the annotation away: written again
+    node.follow_node_label()
+    assert [c[2]["metadata"]["annotations"][CURRENT_ANNOTATION] for c in rest.calls[1:]] == ["Offline", "Offline"]
+    assert all(method == "PATCH" for method, *_ in rest.calls)  # never a GET of the node
+
+
+def test_a_role_that_may_not_watch_nodes_reads_the_node_each_period_instead(topo_dual_socket_ht, make_agent):
+    """An agent upgraded before its RBAC (its role without list/watch on nodes) still follows the lending
+    label: the watch's 403 turns on a read of the Node every period, said once; a watch that lists again
+    turns it off."""
+    from contracts.states import STATE_LABEL
+    from kube.rest import ApiError
+
+    agent = pod_agent(topo_dual_socket_ht, make_agent, RecordingCgroups())
+    lent = {"metadata": {"name": "n1", "resourceVersion": "7", "labels": {STATE_LABEL: "Offline"}}}
+    rest = FakeRest({("GET", "/api/v1/nodes/n1"): lent})
+    node = KubeNodeAgent(agent, rest, "n1", notice="0s")
+    refused = ApiError(403, "GET", "/api/v1/nodes?fieldSelector=metadata.name%3Dn1", b"forbidden")
+    node._node_watch_error(refused)
+    node._node_watch_error(refused)
+    assert node.node_watch_refused and node.api_errors == 2
+    for _ in range(3):
+        agent.tick()
+        node.follow_node_label()
+    assert agent.lending.current.state == "Offline"
+    assert [c[:2] for c in rest.calls].count(("GET", "/api/v1/nodes/n1")) == 3  # one read a period

@@ -18,7 +18,7 @@ from agent.reporter.pod_usage import PodUsageMeter, node_counters
 from cluster.podmetrics import TidalMetrics, name_check, require_front_proxy, tls_context
 from contracts import nodeusage
 from contracts.pods import pod_request
-from tests.unit.test_k8s_unit import _NoApi, pod, pod_agent
+from tests.unit.test_k8s_unit import FakeRest, _NoApi, pod, pod_agent
 
 NOW = datetime(2026, 11, 29, 12, 0, 0, tzinfo=timezone.utc)
 BASE = "/apis/metrics.k8s.io/v1beta1"
@@ -105,19 +105,9 @@ def test_the_nodes_counters_are_read_from_proc(tmp_path):
     assert node_counters(str(tmp_path / "missing")) == (None, None)
 
 
-class _Custom:
-    def __init__(self, fail=None):
-        self.applied, self.fail = [], fail
-
-    def patch_cluster_custom_object(self, group, version, plural, name, body, **kwargs):
-        if self.fail is not None:
-            raise self.fail
-        self.applied.append((group, version, plural, name, body, kwargs.get("_content_type")))
-
-
 def test_the_node_agent_reports_each_running_containers_use_under_its_pods_name(topo_dual_socket_ht, tmp_path,
                                                                                make_agent):
-    from kubernetes.client.exceptions import ApiException
+    from kube.rest import ApiError
 
     cgroups = RecordingCgroups()
     cgroups.create("kubepods")
@@ -143,28 +133,29 @@ def test_the_node_agent_reports_each_running_containers_use_under_its_pods_name(
     assert "u-big" in node.refused
     clock = Clock()
     node.usage_meter.clock, node.usage_meter.node = clock, lambda: (0, 1 << 30)
-    node.custom = _Custom()
-    assert node.publish_usage() is False and node.custom.applied == []  # the first read primes the rates
+    applied = "PATCH", "/apis/tidal.io/v1alpha1/nodeusages/n1?fieldManager=tidal-agent&force=true"
+    node.rest = FakeRest()
+    assert node.publish_usage() is False and node.rest.calls == []  # the first read primes the rates
     clock.now += 15
     cgroups.usage["kubepods/burstable/podu-web/aaa"] = 6_000_000_000  # 6 cpu-seconds in 15 s
     cgroups.usage["kubepods/podu-big/ccc"] = 15_000_000_000
     assert node.publish_usage() is True
-    group, version, plural, name, body, content = node.custom.applied[0]
-    assert (group, version, plural, name, content) == ("tidal.io", "v1alpha1", "nodeusages", "n1",
-                                                       "application/apply-patch+yaml")
+    method, path, body, content = node.rest.calls[0]
+    assert (method, path, content) == (*applied, "application/apply-patch+yaml")
     read = nodeusage.parse(body)
     assert read.window_s == 15 and set(read.pods) == {
         nodeusage.PodUsage("web", "web-a", "u-web", (nodeusage.ContainerUsage("app", 400, 7 << 20),)),
         nodeusage.PodUsage("ns", "big", "u-big", (nodeusage.ContainerUsage("app", 1000, 1 << 20),))}
-    node.custom = _Custom(ApiException(status=404, reason="Not Found"))  # the CRD not installed
+    node.rest = FakeRest({applied: ApiError(404, *applied, b"the server could not find the requested resource")})
+    # the CRD not installed
     clock.now += 15
     assert node.publish_usage() is False and "kubectl apply -f deploy/crd-nodeusage.yaml" in node.usage_off
-    node.custom = _Custom()  # installed since: reported again, the warning over
+    node.rest = FakeRest()  # installed since: reported again, the warning over
     clock.now += 15
     assert node.publish_usage() is True and node.usage_off is None
-    node.custom = _Custom(ApiException(status=500, reason="boom"))
+    node.rest = FakeRest({applied: ApiError(500, *applied, b"boom")})
     clock.now += 15
-    with pytest.raises(ApiException):  # anything else: counted by the report loop, tried again next period
+    with pytest.raises(ApiError):  # anything else: counted by the report loop, tried again next period
         node.publish_usage()
 
 
