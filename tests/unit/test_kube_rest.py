@@ -111,3 +111,33 @@ def test_tidals_in_pod_processes_never_import_the_official_client(tmp_path):
     found = json.loads(done.stdout.strip().splitlines()[-1])
     assert found["official"] == [], found["official"][:10]
     assert found["said"].startswith("cannot list NodeResourceTopology objects: "), found["said"]
+
+
+def test_a_rotated_token_is_read_again_and_an_expiring_one_renewed(tmp_path):
+    """The kubelet rotates a pod's projected token in its file (about hourly); a kubeconfig's exec plugin
+    gives tokens that expire, renewed by the loader's hook. Either is taken up within a minute."""
+    service_account(tmp_path, "first")
+    rest = Rest("10.96.0.1", 443, None, {"Authorization": "Bearer first"}, token_file=str(tmp_path / "token"))
+    (tmp_path / "token").write_text("second\n")
+    rest._refresh_token()
+    assert rest.headers["Authorization"] == "Bearer first"  # read at most once a minute
+    rest._token_read -= 61
+    rest._refresh_token()
+    assert rest.headers["Authorization"] == "Bearer second"
+    (tmp_path / "token").unlink()  # a file gone for a moment: the token in hand is kept
+    rest._token_read -= 61
+    rest._refresh_token()
+    assert rest.headers["Authorization"] == "Bearer second"
+
+    class Configuration:  # what the kubeconfig loader leaves for an exec plugin's token
+        host, ssl_ca_cert, verify_ssl, cert_file, key_file = "https://192.0.2.1:6443", None, True, None, None
+        api_key = {"authorization": "Bearer old"}
+
+        def refresh_api_key_hook(self, configuration):
+            configuration.api_key = {"authorization": "Bearer renewed"}
+
+    rest = Rest.from_config(Configuration())
+    assert rest.headers["Authorization"] == "Bearer old" and rest.token_file is None
+    rest._token_read -= 61
+    rest._refresh_token()
+    assert rest.headers["Authorization"] == "Bearer renewed"
