@@ -19,7 +19,7 @@ from agent.isolation.cgroups.detect import detect
 from agent.isolation.cgroups.driver import KernelCgroups
 from agent.isolation.cgroups.reconcile import Reconciler
 from agent.isolation.net.policy import NetConfig, NetError, NicRole, parse_nic
-from agent.isolation.net.shaper import NetShaper
+from agent.isolation.net.shaper import DEADBAND, NetShaper
 from agent.topology import HostFS
 from tests.conftest import privileged
 
@@ -133,8 +133,10 @@ def test_offline_ceiling_floats_down_under_online_load_and_back(lab, base, tmp_p
         # offline's ceiling came down to what online left it: the shaped rate less online's peak (no less
         # than its mean rate over the flood) and the margin, or the floor. Not the floor alone: a sender
         # under the v2 tier's emulation once reached only 91 of the 98 Mbit/s shaped, leaving 5.7 Mbit/s.
+        # And within the deadband of it: the agent leaves a ceiling where it is while its target moves by less
+        # than DEADBAND of the link (CI, 2026-11-30: 5.87 Mbit/s held against a target of 5.0 reached from it)
         left = max(floor, shaped - online_bps - 100 * MBIT * net.margin)
-        assert lowest <= left * 1.1, (lowest, left, online_bps)
+        assert lowest <= left * 1.1 + DEADBAND * 100 * MBIT, (lowest, left, online_bps)
         for _ in range(8):  # the last flood sample ages out of the 1 s window
             agent.net.adjust()
             time.sleep(0.3)
